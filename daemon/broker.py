@@ -1,0 +1,121 @@
+"""A private mosquitto on a free loopback port, for the demo and the integration tests.
+
+Persistence is on with `autosave_interval 1` in a directory we own: with mosquitto's
+default of 1800 s a SIGKILL loses queued messages (PITFALLS.md). Started as root,
+mosquitto would drop to the `mosquitto` user and silently run without persistence if
+that user cannot write the directory, so `user` is set to the current user.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from daemon.errors import DaemonError
+
+_LOOPBACK = "127.0.0.1"
+_READY_TIMEOUT_S = 10.0
+_POLL_S = 0.02
+_STOP_TIMEOUT_S = 5.0
+_CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
+
+
+def find_mosquitto() -> str:
+    for candidate in _CANDIDATES:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise DaemonError("mosquitto is not installed: apt-get install mosquitto (./scripts/test.sh does this)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class Broker:
+    """`with Broker() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated."""
+
+    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None):
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-broker-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.port = port or free_port()
+        self._proc: Optional[subprocess.Popen] = None
+
+    @property
+    def address(self) -> str:
+        return f"{_LOOPBACK}:{self.port}"
+
+    def _write_config(self) -> Path:
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} {_LOOPBACK}\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {data}/\n"
+            "autosave_interval 1\n"
+            f"user {getpass.getuser()}\n"
+            "log_dest stderr\n"
+            "log_type error\n"
+            "log_type warning\n"
+        )
+        return conf
+
+    def start(self) -> "Broker":
+        conf = self._write_config()
+        log = open(self.workdir / "mosquitto.log", "ab")
+        self._proc = subprocess.Popen([find_mosquitto(), "-c", str(conf)], stdout=log, stderr=log)
+        log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise DaemonError(f"mosquitto exited with {self._proc.returncode}; see {self.workdir}/mosquitto.log")
+            try:
+                with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
+                    return
+            except OSError:
+                time.sleep(_POLL_S)
+        raise DaemonError(f"mosquitto did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s")
+
+    def stop(self) -> None:
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: int) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.send_signal(sig)
+            try:
+                self._proc.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,132 @@
+"""Request bytes -> ndarray, and result/error -> reply bytes.
+
+Every failure is a `PayloadError` with a contract code (`too_large`, `bad_payload`,
+`bad_shape`) and the request's JSON id when it could be read, so the caller can always
+answer. The size limit is checked before anything is parsed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from daemon.config import InputConfig
+from daemon.errors import BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, PayloadError
+
+_NUMERIC_KINDS = "fiu"
+_PIL_MODES = {2: "L", 3: "RGB"}  # decoded image ndim -> Pillow mode
+
+
+@dataclass(frozen=True)
+class Decoded:
+    request_id: Any
+    data: np.ndarray  # float32, exactly the route's input shape
+    timeout_ms: Optional[float] = None  # JSON requests may bound their own wait
+
+
+def decode(payload: bytes, spec: InputConfig) -> Decoded:
+    """Check size, parse by format, then check element count, shape and finiteness."""
+    if len(payload) > spec.max_bytes:
+        raise PayloadError(TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {spec.max_bytes}")
+    timeout_ms = None
+    if spec.format == "json":
+        request_id, array, timeout_ms = _decode_json(payload)
+    elif spec.format == "raw":
+        request_id, array = None, _decode_raw(payload, spec)
+    elif spec.format == "npy":
+        request_id, array = None, _decode_npy(payload)
+    else:
+        request_id, array = None, _decode_image(payload, spec)
+    return Decoded(request_id, _conform(array, spec, request_id), timeout_ms)
+
+
+def _decode_json(payload: bytes) -> tuple[Any, np.ndarray, Optional[float]]:
+    try:
+        obj = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadError(BAD_PAYLOAD, f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict) or "data" not in obj:
+        raise PayloadError(BAD_PAYLOAD, 'expected a JSON object {"id": ..., "data": [...]}')
+    request_id = obj.get("id")
+    timeout_ms = obj.get("timeout_ms")
+    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
+                                   or not timeout_ms >= 0):
+        raise PayloadError(BAD_PAYLOAD, "timeout_ms must be a non-negative number of milliseconds", request_id)
+    try:
+        array = np.asarray(obj["data"], dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        # numpy says "inhomogeneous shape" for ragged lists: that is a shape problem.
+        code = BAD_SHAPE if "inhomogeneous" in str(exc) else BAD_PAYLOAD
+        raise PayloadError(code, "data must be a (nested) list of numbers with equal-length rows",
+                           request_id) from None
+    return request_id, array, timeout_ms
+
+
+def _decode_raw(payload: bytes, spec: InputConfig) -> np.ndarray:
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    expected = math.prod(spec.shape) * dtype.itemsize
+    if len(payload) != expected:
+        raise PayloadError(BAD_SHAPE, f"raw payload is {len(payload)} bytes; shape {list(spec.shape)} of "
+                           f"{spec.dtype} needs {expected}")
+    return np.frombuffer(payload, dtype=dtype)
+
+
+def _decode_npy(payload: bytes) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(payload), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise PayloadError(BAD_PAYLOAD, f"not a readable .npy array: {exc}") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in _NUMERIC_KINDS:
+        raise PayloadError(BAD_PAYLOAD, f"npy dtype {getattr(array, 'dtype', '?')} is not numeric")
+    return array
+
+
+def _decode_image(payload: bytes, spec: InputConfig) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError  # optional extra; config checks it is installed
+
+    mode = _PIL_MODES.get(len(spec.shape))
+    if mode is None or (mode == "RGB" and spec.shape[2] != 3):
+        raise PayloadError(BAD_SHAPE, f"an image route needs shape [H, W] or [H, W, 3], not {list(spec.shape)}")
+    try:
+        with Image.open(io.BytesIO(payload)) as img:
+            if (img.height, img.width) != spec.shape[:2]:
+                raise PayloadError(BAD_SHAPE, f"image is {img.height}x{img.width}; the route expects "
+                                   f"{spec.shape[0]}x{spec.shape[1]}")
+            return np.asarray(img.convert(mode))
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise PayloadError(BAD_PAYLOAD, f"not a readable image: {exc}") from None
+
+
+def _conform(array: np.ndarray, spec: InputConfig, request_id: Any) -> np.ndarray:
+    expected = math.prod(spec.shape)
+    if array.size != expected:
+        raise PayloadError(BAD_SHAPE, f"data has {array.size} values; shape {list(spec.shape)} needs {expected}",
+                           request_id)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise PayloadError(BAD_PAYLOAD, "data contains NaN or infinity", request_id)
+    return array.reshape(spec.shape).astype(np.float32)
+
+
+def peek_id(payload: bytes, spec: InputConfig) -> Any:
+    """Best-effort JSON id of a request that will not be decoded (e.g. shed as overloaded)."""
+    if spec.format != "json" or len(payload) > spec.max_bytes:
+        return None
+    try:
+        obj = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return obj.get("id") if isinstance(obj, dict) else None
+
+
+def encode(reply: dict) -> bytes:
+    """Compact JSON for results and errors."""
+    return json.dumps(reply, separators=(",", ":")).encode()
+
+
+def error_reply(request_id: Any, route: Optional[str], code: str, message: str) -> dict:
+    return {"id": request_id, "route": route, "error": {"code": code, "message": message}}

@@ -1,0 +1,383 @@
+"""Typed, frozen config: one dataclass per YAML section, validated in two passes.
+
+Pass 1 (shape) reads each section: unknown keys, wrong types, out-of-range values.
+Pass 2 (cross-field) checks what needs several sections or the disk: routes naming
+unknown models, duplicate names and filters, templates against filters, model and
+label files, and each route's input shape through its preprocessing against the model.
+Every problem is collected and raised at once as `ConfigError` with lines of the form
+`key.path: message (line N)`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from daemon import preprocess, topics
+from daemon.config_reader import Reader, load_yaml
+from daemon.errors import ConfigError, DaemonError, ModelError
+from daemon.runtime import RUNTIME_CHOICES, Model
+
+DEFAULT_PORT = 1883
+DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB: payloads above it are answered `too_large` undecoded
+INPUT_FORMATS = ("json", "raw", "npy", "image")
+INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
+PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    broker: str = f"localhost:{DEFAULT_PORT}"
+    """host:port of the broker ([v6addr]:port for IPv6)."""
+    client_id: str = "edge-inferd"
+    """MQTT client id; also the node id in `edge-inferd/<client_id>/status`."""
+    protocol: int = 5
+    """5 for MQTT v5 (default), 311 for 3.1.1."""
+    qos: int = 1
+    """QoS of subscriptions and replies."""
+    keepalive_s: int = 30
+    """Seconds between keepalive pings."""
+    reconnect_min_s: float = 1.0
+    """First reconnect delay; doubles up to `reconnect_max_s`."""
+    reconnect_max_s: float = 30.0
+    """Cap on the reconnect delay."""
+    username: Optional[str] = None
+    """Broker user name, or None for anonymous."""
+    password: Optional[str] = None
+    """Broker password."""
+
+    @property
+    def host(self) -> str:
+        return parse_broker(self.broker)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_broker(self.broker)[1]
+
+    @property
+    def is_v5(self) -> bool:
+        return self.protocol == 5
+
+    @property
+    def status_topic(self) -> str:
+        return f"edge-inferd/{self.client_id}/status"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path
+    """The full-integer INT8 .tflite file."""
+    labels: Path
+    """One label per line, in output order."""
+    sha256: Optional[str] = None
+    """When set, a file with another digest is refused before loading."""
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    format: str = "json"
+    """json | raw | npy | image."""
+    shape: tuple[int, ...] = ()
+    """Shape of one request, in sensor units, before preprocessing."""
+    dtype: str = "float32"
+    """Element type of raw payloads (json values are parsed as floats)."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """Larger payloads are answered `too_large` before any decoding."""
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    subscribe: str
+    """Topic filter; each '+' level is a capture for {1}, {2}, ... in `publish`."""
+    model: str
+    """A key of `models`."""
+    input: InputConfig
+    preprocess: tuple
+    """Steps from `daemon.preprocess`, applied in order."""
+    top_k: int
+    """How many (label, score) pairs a result lists."""
+    publish: str
+    """Reply topic template."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    dir: Path = Path(".cache/edge-inferd")
+    """Created with mode 0700; survives restarts."""
+    max_mb: int = 256
+    """Size cap in MiB."""
+    ttl_s: float = 3600.0
+    """Entries expire after this many seconds; 0 keeps them until evicted."""
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    max: int = os.cpu_count() or 1
+    """Worker threads; each owns one interpreter per model."""
+    queue: int = 64
+    """Bounded queue length; a request that finds it full is answered `overloaded`."""
+    drain_timeout_s: float = 10.0
+    """On shutdown, how long queued and in-flight work may take."""
+
+
+@dataclass(frozen=True)
+class Config:
+    mqtt: MqttConfig
+    runtime: str
+    models: Mapping[str, ModelConfig]
+    routes: tuple[RouteConfig, ...]
+    cache: CacheConfig
+    workers: WorkersConfig
+    source: Optional[Path] = None
+    """The file this config came from, for messages."""
+
+    def with_broker(self, broker: str) -> "Config":
+        """A copy with `mqtt.broker` replaced (the `--broker` flag); validated like the file."""
+        try:
+            parse_broker(broker)
+        except ValueError as exc:
+            raise ConfigError([f"--broker: {exc}"]) from None
+        return replace(self, mqtt=replace(self.mqtt, broker=broker))
+
+
+def parse_broker(value: str) -> tuple[str, int]:
+    """'host:port', 'host' or '[v6]:port' -> (host, port); ValueError when malformed."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("broker must be a non-empty 'host:port' string")
+    host, sep, port = value.rpartition(":")
+    if not sep or (host.count(":") and not host.startswith("[")):
+        host, port = value, str(DEFAULT_PORT)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"broker {value!r} is not 'host:port' with a port in 1..65535")
+    return host, int(port)
+
+
+def load_config(path: Path | str, check_models: bool = True) -> Config:
+    """Read, validate and freeze a config file; ConfigError lists every problem."""
+    path = Path(path)
+    raw = load_yaml(path)
+    reader = Reader(raw)
+    base = path.resolve().parent
+    config = _read_config(reader, base, path)
+    if not reader.errors:
+        _cross_check(reader, config, check_models)
+    if reader.errors:
+        raise ConfigError(reader.errors)
+    return config
+
+
+def _read_config(r: Reader, base: Path, path: Path) -> Config:
+    root = r.section(r.raw, "", ("mqtt", "runtime", "models", "routes", "cache", "workers"), required=True)
+    runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
+    return Config(
+        mqtt=_read_mqtt(r, r.section(root, "mqtt", MqttConfig)),
+        runtime=runtime,
+        models=MappingProxyType(_read_models(r, root, base)),
+        routes=_read_routes(r, root),
+        cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
+        workers=_read_workers(r, r.section(root, "workers", WorkersConfig)),
+        source=path,
+    )
+
+
+def _read_mqtt(r: Reader, m: Mapping) -> MqttConfig:
+    p, d = "mqtt", MqttConfig()
+    broker = r.get(m, "broker", p, str, d.broker)
+    try:
+        parse_broker(broker)
+    except ValueError as exc:
+        r.error(m, "broker", p, str(exc))
+    protocol = r.get(m, "protocol", p, (int, float, str), "5")
+    if str(protocol) not in PROTOCOLS:
+        r.error(m, "protocol", p, f"must be 5 or 3.1.1, got {protocol!r}")
+    return MqttConfig(
+        broker=broker,
+        client_id=r.get(m, "client_id", p, str, d.client_id, check=_no_wildcards),
+        protocol=PROTOCOLS.get(str(protocol), 5),
+        qos=r.get(m, "qos", p, int, d.qos, choices=(0, 1, 2)),
+        keepalive_s=r.get(m, "keepalive_s", p, int, d.keepalive_s, minimum=5),
+        reconnect_min_s=r.get(m, "reconnect_min_s", p, (int, float), d.reconnect_min_s, minimum=0.1),
+        reconnect_max_s=r.get(m, "reconnect_max_s", p, (int, float), d.reconnect_max_s, minimum=0.1),
+        username=r.get(m, "username", p, (str, type(None)), None),
+        password=r.get(m, "password", p, (str, type(None)), None),
+    )
+
+
+def _no_wildcards(value: str) -> Optional[str]:
+    if not value or any(c in value for c in "+#/"):
+        return "must be non-empty without '+', '#' or '/' (it is part of the status topic)"
+    return None
+
+
+def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]:
+    models = r.get(root, "models", "", dict, None, required=True) or {}
+    out = {}
+    for name, m in models.items():
+        p = f"models.{name}"
+        m = r.section(models, name, ("path", "labels", "sha256"), path=p, required=True)
+        model_path = r.get(m, "path", p, str, "", required=True)
+        labels = r.get(m, "labels", p, str, "", required=True)
+        digest = r.get(m, "sha256", p, (str, type(None)), None)
+        if digest is not None and (len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest)):
+            r.error(m, "sha256", p, "must be 64 hex digits")
+        out[str(name)] = ModelConfig(str(name), base / model_path, base / labels, digest)
+    return out
+
+
+def _read_routes(r: Reader, root: Mapping) -> tuple[RouteConfig, ...]:
+    routes = r.get(root, "routes", "", list, None, required=True) or []
+    if not routes and "routes" in root:
+        r.error(root, "routes", "", "must list at least one route")
+    return tuple(route for i, item in enumerate(routes) if (route := _read_route(r, routes, i)) is not None)
+
+
+def _read_route(r: Reader, routes: list, i: int) -> Optional[RouteConfig]:
+    p = f"routes[{i}]"
+    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish"),
+                  path=p, required=True)
+    subscribe = r.get(m, "subscribe", p, str, "", required=True)
+    if subscribe and (err := topics.filter_error(subscribe)):
+        r.error(m, "subscribe", p, err)
+    publish = r.get(m, "publish", p, str, "", required=True)
+    if publish and (err := topics.template_error(publish, topics.wildcard_count(subscribe))):
+        r.error(m, "publish", p, err)
+    output = r.section(m, "output", ("top_k",), path=f"{p}.output")
+    return RouteConfig(
+        name=r.get(m, "name", p, str, "", required=True),
+        subscribe=subscribe,
+        model=r.get(m, "model", p, str, "", required=True),
+        input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
+        preprocess=_read_steps(r, m, p),
+        top_k=r.get(output, "top_k", f"{p}.output", int, 3, minimum=1),
+        publish=publish,
+    )
+
+
+def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
+    shape = r.get(m, "shape", p, list, [], required=True)
+    if shape is not None and not (shape and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        r.error(m, "shape", p, f"must be a non-empty list of positive integers, got {shape!r}")
+        shape = []
+    fmt = r.get(m, "format", p, str, "json", choices=INPUT_FORMATS)
+    if fmt == "image" and not _pillow_available():
+        r.error(m, "format", p, "'image' needs Pillow: pip install 'edge-inferd[image]'")
+    return InputConfig(
+        format=fmt,
+        shape=tuple(shape or ()),
+        dtype=r.get(m, "dtype", p, str, "float32", choices=INPUT_DTYPES),
+        max_bytes=r.get(m, "max_bytes", p, int, DEFAULT_MAX_BYTES, minimum=1),
+    )
+
+
+def _pillow_available() -> bool:
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _read_steps(r: Reader, m: Mapping, p: str) -> tuple:
+    steps = r.get(m, "preprocess", p, list, []) or []
+    out = []
+    for j, item in enumerate(steps):
+        try:
+            out.append(preprocess.parse_step(item))
+        except ValueError as exc:
+            r.error(steps, j, f"{p}.preprocess", str(exc))
+    return tuple(out)
+
+
+def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
+    p, d = "cache", CacheConfig()
+    return CacheConfig(
+        enabled=r.get(m, "enabled", p, bool, d.enabled),
+        dir=base / r.get(m, "dir", p, str, str(d.dir)),
+        max_mb=r.get(m, "max_mb", p, int, d.max_mb, minimum=1),
+        ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
+    )
+
+
+def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
+    p, d = "workers", WorkersConfig()
+    return WorkersConfig(
+        max=r.get(m, "max", p, int, d.max, minimum=1),
+        queue=r.get(m, "queue", p, int, d.queue, minimum=1),
+        drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
+    )
+
+
+def _cross_check(r: Reader, config: Config, check_models: bool) -> None:
+    routes_raw = r.raw["routes"]
+    seen_names: dict[str, int] = {}
+    seen_filters: dict[str, int] = {}
+    for i, route in enumerate(config.routes):
+        p, m = f"routes[{i}]", routes_raw[i]
+        if route.name in seen_names:
+            r.error(m, "name", p, f"duplicate route name {route.name!r} (also routes[{seen_names[route.name]}])")
+        if route.subscribe in seen_filters:
+            r.error(m, "subscribe", p, f"filter {route.subscribe!r} is already routed by routes[{seen_filters[route.subscribe]}]")
+        seen_names.setdefault(route.name, i)
+        seen_filters.setdefault(route.subscribe, i)
+        if route.model not in config.models:
+            known = ", ".join(sorted(config.models)) or "none"
+            r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
+    if check_models:
+        _check_models(r, config)
+
+
+def _check_models(r: Reader, config: Config) -> None:
+    """Load each model once and check labels and every route's shapes against it."""
+    loaded: dict[str, Model] = {}
+    models_raw = r.raw["models"]
+    for name, mc in config.models.items():
+        p = f"models.{name}"
+        try:
+            loaded[name] = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256)
+        except (ModelError, DaemonError) as exc:
+            r.error(models_raw[name], "path", p, str(exc))
+            continue
+        labels = read_labels(mc.labels)
+        if labels is None:
+            r.error(models_raw[name], "labels", p, f"{mc.labels}: labels file not found")
+        elif len(labels) != loaded[name].num_outputs:
+            r.error(models_raw[name], "labels", p,
+                    f"{mc.labels} has {len(labels)} labels but the model has {loaded[name].num_outputs} outputs")
+    for i, route in enumerate(config.routes):
+        if route.model in loaded:
+            _check_route_shape(r, i, route, loaded[route.model])
+
+
+def _check_route_shape(r: Reader, i: int, route: RouteConfig, model: Model) -> None:
+    m = r.raw["routes"][i]
+    try:
+        shape = preprocess.output_shape(route.preprocess, route.input.shape)
+    except ValueError as exc:
+        r.error(m, "preprocess", f"routes[{i}]", str(exc))
+        return
+    if shape != model.sample_shape:
+        r.error(m, "input", f"routes[{i}]", f"shape {list(route.input.shape)} becomes {list(shape)} after "
+                f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
+    if route.top_k > model.num_outputs:
+        r.error(m, "output", f"routes[{i}]", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
+
+
+def read_labels(path: Path) -> Optional[list[str]]:
+    """Labels, one per non-empty line; None when the file is missing."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+__all__ = ["Config", "ConfigError", "load_config", "read_labels", "yaml"]

@@ -1,0 +1,139 @@
+"""`validate` and `bench model`: accuracy gate and per-invoke latency of a route's model.
+
+`validate` runs exactly the daemon's path for each sample (route preprocessing, then
+quantize, invoke, dequantize, postprocess through `daemon.pipeline`), so its numbers
+are the daemon's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from daemon.config import Config, RouteConfig, read_labels
+from daemon.errors import DaemonError, ModelError
+from daemon.pipeline import RoutePipeline, infer_batch
+from daemon.runtime import Model, available_backends
+
+# Samples per invoke when scoring a whole split (the models' batch dimension is dynamic).
+_EVAL_BATCH = 64
+# Tolerance for comparing accuracies that are ratios of small integers.
+_EPS = 1e-9
+
+
+def find_route(config: Config, name: str) -> RouteConfig:
+    for route in config.routes:
+        if route.name == name:
+            return route
+    known = ", ".join(r.name for r in config.routes)
+    raise DaemonError(f"--route: no route named {name!r} (known: {known})")
+
+
+def load_split(path: Path | str, route: RouteConfig) -> tuple[np.ndarray, np.ndarray]:
+    """x (N, *route.input.shape) and y (N,) ints from an .npz file, checked."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            x, y = data["x"], data["y"]
+    except FileNotFoundError:
+        raise DaemonError(f"--data: {path}: file not found") from None
+    except (KeyError, ValueError, OSError) as exc:
+        raise DaemonError(f"--data: {path}: expected an .npz with arrays 'x' and 'y' ({exc})") from None
+    if x.shape[1:] != route.input.shape or y.shape != (x.shape[0],):
+        raise DaemonError(f"--data: {path}: x {list(x.shape)} / y {list(y.shape)} do not fit route "
+                          f"{route.name!r} input {list(route.input.shape)}")
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def route_pipeline(config: Config, route: RouteConfig, model: Model) -> RoutePipeline:
+    mc = config.models[route.model]
+    labels = read_labels(mc.labels)
+    if labels is None:
+        raise ModelError(mc.labels, "labels file not found")
+    return RoutePipeline.build(route, model.sha256, labels)
+
+
+def predict(pipe: RoutePipeline, model: Model, x: np.ndarray) -> np.ndarray:
+    """Top-1 index per sample through the route's pipeline (no cache)."""
+    out = []
+    for start in range(0, len(x), _EVAL_BATCH):
+        tensors = pipe.preprocess(x[start : start + _EVAL_BATCH])
+        scores, _ = infer_batch(pipe, tensors, model.infer, None)
+        out.extend(int(pipe.postprocess(s, None, False, 0.0)["index"]) for s in scores)
+    return np.array(out, dtype=np.int64)
+
+
+def validate(config: Config, route_name: str, data: Path | str, float_model: Optional[Path | str] = None,
+             max_drop: float = 0.01, min_accuracy: float = 0.0) -> tuple[dict, bool]:
+    """The report and whether it passes the gate (drop <= max_drop, accuracy >= min_accuracy)."""
+    route = find_route(config, route_name)
+    mc = config.models[route.model]
+    model = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256)
+    pipe = route_pipeline(config, route, model)
+    x, y = load_split(data, route)
+    pred = predict(pipe, model, x)
+    report = {"route": route.name, "model": route.model, "backend": model.backend, "n": int(len(y)),
+              "accuracy": round(float(np.mean(pred == y)), 6), "model_sha256": model.sha256}
+    ok = report["accuracy"] + _EPS >= min_accuracy
+    if float_model is not None:
+        reference = Model(float_model, backend=config.runtime, require_int8=False)
+        float_pred = predict(pipe, reference, x)
+        report["float_accuracy"] = round(float(np.mean(float_pred == y)), 6)
+        report["drop"] = round(report["float_accuracy"] - report["accuracy"], 6)
+        report["agreement"] = round(float(np.mean(float_pred == pred)), 6)
+        report["max_drop"] = max_drop
+        ok = ok and report["drop"] <= max_drop + _EPS
+    report["passed"] = ok
+    return report, ok
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    backend: str
+    threads: int
+    batch: int
+    p50_us: float
+    p99_us: float
+    per_sample_us: float
+
+
+def bench_model(config: Config, route_name: str, batches: tuple[int, ...] = (1, 8), threads: Optional[list[int]] = None,
+                iterations: int = 200, backends: Optional[list[str]] = None,
+                progress: Callable[[str], None] = lambda _: None) -> list[BenchRow]:
+    """Per-invoke latency of the route's model for each backend x threads x batch."""
+    route = find_route(config, route_name)
+    path = config.models[route.model].path
+    rows = []
+    for backend in backends or available_backends():
+        for n_threads in threads or list(range(1, (os.cpu_count() or 1) + 1)):
+            model = Model(path, backend=backend, num_threads=n_threads)
+            for batch in batches:
+                progress(f"{backend} threads={n_threads} batch={batch}")
+                rows.append(_time_invokes(model, backend, n_threads, batch, iterations))
+    return rows
+
+
+def _time_invokes(model: Model, backend: str, threads: int, batch: int, iterations: int) -> BenchRow:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + model.sample_shape).astype(np.float32)
+    for _ in range(max(3, iterations // 10)):  # warm-up: arena growth, caches
+        model.infer(x)
+    times = np.empty(iterations)
+    for i in range(iterations):
+        start = time.perf_counter()
+        model.infer(x)
+        times[i] = time.perf_counter() - start
+    p50, p99 = np.percentile(times, [50, 99]) * 1e6
+    return BenchRow(backend, threads, batch, round(p50, 1), round(p99, 1), round(p50 / batch, 1))
+
+
+def format_bench(rows: list[BenchRow]) -> str:
+    head = f"{'backend':<8} {'threads':>7} {'batch':>5} {'p50 µs':>10} {'p99 µs':>10} {'µs/sample':>10}"
+    lines = [head, "-" * len(head)]
+    lines += [f"{r.backend:<8} {r.threads:>7} {r.batch:>5} {r.p50_us:>10.1f} {r.p99_us:>10.1f} {r.per_sample_us:>10.1f}"
+              for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The paho boundary: connect, reconnect, subscribe, status, publish, ack.
+
+Callbacks only convert and hand on; they never decode, infer or block. paho quirks
+that shape this module:
+- `loop_start()` runs `loop_forever(retry_first_connection=True)`, so with
+  `connect_async` the daemon starts even when the broker is down at boot.
+- Subscriptions are made in `on_connect` (after checking its reason code) so that a
+  reconnect resubscribes.
+- An exception escaping a callback stops paho's loop thread unless
+  `suppress_exceptions` is set, so `on_message` guards the hand-off itself.
+- `wait_for_publish()` inside a callback deadlocks (paho #527, #875); it is used only
+  in `stop()`, which runs on the main thread.
+- The LWT is not sent on a clean disconnect: `stop()` publishes `offline` itself.
+- `manual_ack=True`: a QoS>0 request is acknowledged only after its reply is
+  published (`ack`). With MQTT v5 the CONNECT carries ReceiveMaximum, so the broker
+  holds back requests beyond what the daemon can queue instead of pushing them all
+  (mosquitto would otherwise drop QoS 1 messages silently past its queue limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from daemon.config import MqttConfig
+
+logger = logging.getLogger(__name__)
+
+STATUS_ONLINE = b"online"
+STATUS_OFFLINE = b"offline"
+_STATUS_QOS = 1
+_FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One received message, converted at the boundary (no paho types leak past here)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    mid: int
+    received_at: float  # time.monotonic() at receipt
+    response_topic: Optional[str] = None
+    correlation_data: Optional[bytes] = None
+    expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
+
+
+class MqttLink:
+    """One paho client: status, intake of the given filters, replies and acks."""
+
+    def __init__(self, config: MqttConfig, filters: Sequence[str], on_message: Callable[[Inbound], None],
+                 receive_maximum: Optional[int] = None):
+        self._config = config
+        self._receive_maximum = receive_maximum
+        self._filters = tuple(filters)
+        self._handler = on_message
+        self._accepting = threading.Event()
+        self.connected = threading.Event()
+        protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
+        self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
+                                   manual_ack=True)
+        if config.username is not None:
+            self._client.username_pw_set(config.username, config.password)
+        self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
+        self._client.reconnect_delay_set(int(max(1, config.reconnect_min_s)), int(max(1, config.reconnect_max_s)))
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_subscribe = self._on_subscribe
+        self._client.on_message = self._on_message
+
+    def start(self) -> None:
+        """Connect in the background; retries with capped backoff while the broker is down."""
+        logger.info("connecting to mqtt://%s:%d as %r (MQTT %s)", self._config.host, self._config.port,
+                    self._config.client_id, "v5" if self._config.is_v5 else "3.1.1")
+        properties = None
+        if self._config.is_v5 and self._receive_maximum:
+            # The broker sends at most this many unacked QoS>0 requests. Acks follow the
+            # reply, so requests in flight never outnumber the queue plus the workers.
+            properties = Properties(PacketTypes.CONNECT)
+            properties.ReceiveMaximum = self._receive_maximum
+        self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
+                                   properties=properties)
+        self._client.loop_start()
+
+    def open_intake(self) -> None:
+        """Start receiving requests: subscribe now if connected, and on every (re)connect."""
+        self._accepting.set()
+        if self.connected.is_set():
+            self._subscribe()
+
+    def close_intake(self) -> None:
+        """Stop handing on requests; unacked ones stay with the broker."""
+        self._accepting.clear()
+        if self.connected.is_set() and self._filters:
+            self._client.unsubscribe(list(self._filters))
+
+    def _subscribe(self) -> None:
+        if self._filters:
+            self._client.subscribe([(f, self._config.qos) for f in self._filters])
+        self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            logger.error("broker %s refused the connection: %s", self._config.broker, reason_code)
+            return
+        logger.info("connected to %s", self._config.broker)
+        self.connected.set()
+        if self._accepting.is_set():
+            self._subscribe()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        was_connected = self.connected.is_set()
+        self.connected.clear()
+        if was_connected and reason_code != 0:
+            logger.warning("disconnected from %s (%s); reconnecting", self._config.broker, reason_code)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        for topic_filter, code in zip(self._filters, reason_codes):
+            if code.value >= _FAILURE_THRESHOLD:
+                logger.error("broker refused the subscription to %r: %s", topic_filter, code)
+
+    def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
+        try:
+            if not self._accepting.is_set():
+                return  # stopping: leave it unacked, the broker keeps it for the session
+            self._handler(self._convert(msg))
+        except Exception:  # paho's loop thread must survive anything a message does
+            logger.exception("failed to hand on a message from %r", msg.topic)
+
+    @staticmethod
+    def _convert(msg: paho.MQTTMessage) -> Inbound:
+        props = getattr(msg, "properties", None)
+        return Inbound(
+            topic=msg.topic,
+            payload=msg.payload,
+            qos=msg.qos,
+            mid=msg.mid,
+            received_at=time.monotonic(),
+            response_topic=getattr(props, "ResponseTopic", None),
+            correlation_data=getattr(props, "CorrelationData", None),
+            expiry_s=getattr(props, "MessageExpiryInterval", None),
+        )
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False,
+                correlation_data: Optional[bytes] = None) -> paho.MQTTMessageInfo:
+        """Queue a publish (non-blocking; paho sends it from its loop thread)."""
+        properties = None
+        if correlation_data is not None and self._config.is_v5:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.CorrelationData = correlation_data
+        return self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+
+    def ack(self, inbound: Inbound) -> None:
+        """Acknowledge a request once its reply is published (no-op for QoS 0)."""
+        if inbound.qos > 0:
+            self._client.ack(inbound.mid, inbound.qos)
+
+    def stop(self, timeout_s: float) -> None:
+        """Publish the retained `offline`, wait for it briefly, then disconnect."""
+        if self.connected.is_set():
+            info = self.publish(self._config.status_topic, STATUS_OFFLINE, retain=True)
+            try:
+                info.wait_for_publish(timeout_s)
+            except (RuntimeError, ValueError) as exc:
+                logger.warning("could not publish offline status: %s", exc)
+        self._client.disconnect()
+        self._client.loop_stop()

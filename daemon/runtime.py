@@ -1,0 +1,213 @@
+"""The interpreter interface: one small `Model` class over ai-edge-litert or tflite-runtime.
+
+Both backends expose the same `Interpreter` API, so a backend here is just the module
+to import it from. `Model` owns exactly one interpreter and is NOT thread-safe: the
+worker pool gives each worker its own (see PITFALLS.md, Runtimes).
+
+Quantization is the daemon's job: callers pass float32 in sensor-derived units and get
+float32 scores back; the model's own scale and zero-point are applied here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from daemon.errors import DaemonError, ModelError
+
+logger = logging.getLogger(__name__)
+
+# Backend name -> module that provides `Interpreter`. Order is the `auto` preference:
+# ai-edge-litert is ~10x faster for INT8 on x86 (XNNPACK); tflite-runtime is the
+# fallback and the only runtime published for armv7.
+BACKENDS = {
+    "litert": "ai_edge_litert.interpreter",
+    "tflite": "tflite_runtime.interpreter",
+}
+RUNTIME_CHOICES = ("auto",) + tuple(BACKENDS)
+
+# A TFLite flatbuffer carries this file identifier at bytes 4..8.
+_TFLITE_MAGIC = b"TFL3"
+_MAGIC_SLICE = slice(4, 8)
+_HASH_CHUNK = 1 << 20
+
+InterpreterFactory = Callable[..., Any]
+
+
+def available_backends() -> list[str]:
+    """Backends whose module imports here (tflite-runtime also needs numpy<2 to run)."""
+    found = []
+    for name, module in BACKENDS.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        found.append(name)
+    return found
+
+
+def resolve_backend(name: str = "auto") -> str:
+    """Pick the backend: `auto` means the first available in preference order."""
+    if name not in RUNTIME_CHOICES:
+        raise DaemonError(f"runtime: unknown backend {name!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
+    candidates = list(BACKENDS) if name == "auto" else [name]
+    for candidate in candidates:
+        try:
+            importlib.import_module(BACKENDS[candidate])
+        except ImportError:
+            continue
+        return candidate
+    wanted = " or ".join(f"'{BACKENDS[c].split('.')[0]}'" for c in candidates)
+    raise DaemonError(f"runtime: no TFLite runtime is installed (need module {wanted}); pip install ai-edge-litert")
+
+
+def _interpreter_class(backend: str) -> InterpreterFactory:
+    return importlib.import_module(BACKENDS[backend]).Interpreter
+
+
+def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype = np.dtype(np.int8)) -> np.ndarray:
+    """Float to integer: round(x / scale) + zero_point, saturated to the dtype's range."""
+    info = np.iinfo(dtype)
+    q = np.round(np.asarray(x, dtype=np.float64) / scale) + zero_point
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """Integer to float: (q - zero_point) * scale."""
+    return ((np.asarray(q, dtype=np.int32) - zero_point) * scale).astype(np.float32)
+
+
+def file_sha256(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor: shape (batch first), dtype and quantization."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    signature: tuple[int, ...]
+    dtype: np.dtype
+    scale: float
+    zero_point: int
+
+    @classmethod
+    def from_details(cls, d: dict) -> "TensorSpec":
+        scale, zero_point = d.get("quantization", (0.0, 0))
+        shape = tuple(int(v) for v in d["shape"])
+        signature = tuple(int(v) for v in d.get("shape_signature", shape))
+        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]), float(scale), int(zero_point))
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != 0.0
+
+    def to_model(self, x: np.ndarray) -> np.ndarray:
+        return quantize(x, self.scale, self.zero_point, self.dtype) if self.quantized else x.astype(self.dtype)
+
+    def from_model(self, q: np.ndarray) -> np.ndarray:
+        return dequantize(q, self.scale, self.zero_point) if self.quantized else q.astype(np.float32)
+
+
+def _read_model(path: Path) -> bytes:
+    """The model file's bytes, after the checks that need no interpreter."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ModelError(path, "model file not found") from None
+    except OSError as exc:
+        raise ModelError(path, f"cannot read model file: {exc.strerror or exc}") from None
+    if len(data) < _MAGIC_SLICE.stop or data[_MAGIC_SLICE] != _TFLITE_MAGIC:
+        raise ModelError(path, "not a TFLite flatbuffer (missing the 'TFL3' identifier)")
+    return data
+
+
+class Model:
+    """One loaded model with one interpreter. Not thread-safe: one per worker."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        backend: str = "auto",
+        num_threads: int = 1,
+        expected_sha256: Optional[str] = None,
+        require_int8: bool = True,
+        interpreter_factory: Optional[InterpreterFactory] = None,
+    ):
+        self.path = Path(path)
+        data = _read_model(self.path)
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        if expected_sha256 and expected_sha256.lower() != self.sha256:
+            raise ModelError(self.path, f"sha256 mismatch: expected {expected_sha256}, file has {self.sha256}")
+        self.backend = "fake" if interpreter_factory else resolve_backend(backend)
+        factory = interpreter_factory or _interpreter_class(self.backend)
+        try:
+            self._interp = factory(model_content=data, num_threads=num_threads)
+            self._interp.allocate_tensors()
+            inputs = self._interp.get_input_details()
+            outputs = self._interp.get_output_details()
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(self.path, f"{self.backend} rejected the model: {exc}") from None
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise ModelError(self.path, f"expected 1 input and 1 output, model has {len(inputs)} and {len(outputs)}")
+        self.input = TensorSpec.from_details(inputs[0])
+        self.output = TensorSpec.from_details(outputs[0])
+        if require_int8:
+            self._check_int8()
+        self._batch = self.input.shape[0]
+
+    def _check_int8(self) -> None:
+        for role, spec in (("input", self.input), ("output", self.output)):
+            if spec.dtype != np.int8 or not spec.quantized:
+                raise ModelError(self.path, f"expected a full-integer INT8 model, but its {role} is {spec.dtype} "
+                                 f"{'quantized' if spec.quantized else 'unquantized'}")
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The input shape of one sample (without the batch dimension)."""
+        return self.input.shape[1:]
+
+    @property
+    def num_outputs(self) -> int:
+        return int(np.prod(self.output.shape[1:]))
+
+    @property
+    def batchable(self) -> bool:
+        """True when the model's batch dimension is dynamic, so one invoke can run N samples."""
+        return bool(self.input.signature) and self.input.signature[0] == -1
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""
+        batch = np.asarray(batch, dtype=np.float32)
+        if batch.shape[1:] != self.sample_shape:
+            raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {self.sample_shape}")
+        if self.batchable or batch.shape[0] == self._batch:
+            return self._invoke(batch)
+        return np.concatenate([self._invoke(batch[i : i + 1]) for i in range(batch.shape[0])])
+
+    def _invoke(self, batch: np.ndarray) -> np.ndarray:
+        if batch.shape[0] != self._batch:
+            self._interp.resize_tensor_input(self.input.index, list(batch.shape))
+            self._interp.allocate_tensors()
+            self._batch = batch.shape[0]
+        self._interp.set_tensor(self.input.index, self.input.to_model(batch))
+        self._interp.invoke()
+        raw = self._interp.get_tensor(self.output.index)
+        return self.output.from_model(raw).reshape(batch.shape[0], -1)
+
+    def warm_up(self) -> None:
+        """One invoke on zeros: the interpreter's arena grows at the first invoke."""
+        self.infer(np.zeros((1,) + self.sample_shape, dtype=np.float32))

@@ -1,0 +1,180 @@
+"""Builds the daemon from a Config and runs it: ordered start-up, reversed shutdown.
+
+Start-up is one list of steps: models -> cache -> workers -> mqtt -> intake. Shutdown
+runs the started steps in reverse, so intake closes first, queued and in-flight work
+drains (its replies still go out over the open connection), then `offline` is
+published and the connection closed. A step that fails at start-up stops the ones
+before it and re-raises; only `cli.py` turns that into an exit code.
+
+Signals: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises
+`ForcedExit`. SIGHUP is logged and ignored until hot reload lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from daemon.cache import ResultCache
+from daemon.config import Config, WorkersConfig, read_labels
+from daemon.dispatch import Dispatcher, WorkerModels
+from daemon.errors import ModelError
+from daemon.mqtt import MqttLink
+from daemon.pipeline import RoutePipeline
+from daemon.runtime import Model
+from daemon.stats import Stats
+
+logger = logging.getLogger(__name__)
+
+# How often the main loop logs a one-line stats summary.
+STATS_LOG_INTERVAL_S = 60.0
+# Time allowed to get the retained `offline` status out on shutdown.
+OFFLINE_PUBLISH_TIMEOUT_S = 2.0
+# The worker queue holds this many times what the broker may have in flight to us.
+RECEIVE_MAXIMUM_HEADROOM = 2
+
+
+def receive_maximum(workers: WorkersConfig) -> int:
+    """The MQTT v5 ReceiveMaximum that keeps the worker queue from overflowing.
+
+    Not queue + workers: after a worker acks, the broker may deliver the next request
+    before that worker takes its next job, so every unacked request can be queued at
+    once. And only half the queue: mosquitto 2.0.11 overshoots the quota (issue
+    #2301; 66 unacked at a maximum of 64 here), and each `overloaded` reply is acked
+    at once, freeing quota for yet another request the full queue must refuse.
+    """
+    return max(1, workers.queue // RECEIVE_MAXIMUM_HEADROOM)
+
+
+class ForcedExit(Exception):
+    """A second SIGINT: stop now, without draining."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    start: Callable[[], None]
+    stop: Optional[Callable[[], None]] = None
+
+
+class Service:
+    def __init__(self, config: Config):
+        self.config = config
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._interrupts = 0
+        self._models: dict[str, Model] = {}
+        self._cache: Optional[ResultCache] = None
+        self._dispatcher: Optional[Dispatcher] = None
+        self._link: Optional[MqttLink] = None
+        self._started: list[Step] = []
+
+    def steps(self) -> list[Step]:
+        return [
+            Step("models", self._load_models),
+            Step("cache", self._open_cache, self._close_cache),
+            Step("workers", self._start_workers, self._stop_workers),
+            Step("mqtt", self._connect, self._disconnect),
+            Step("intake", lambda: self._link.open_intake(), lambda: self._link.close_intake()),
+        ]
+
+    def run(self, install_signals: bool = True) -> None:
+        """Start, serve until asked to stop, then shut down. Raises on a failed start-up."""
+        if install_signals:
+            self._install_signals()
+        try:
+            self.startup()
+            logger.info("serving %d route(s) with %d worker(s)", len(self.config.routes), self.config.workers.max)
+            while not self._stop.wait(STATS_LOG_INTERVAL_S):
+                logger.info("stats %s", self.stats.snapshot())
+        finally:
+            self.shutdown()
+
+    def startup(self) -> None:
+        for step in self.steps():
+            logger.info("start-up: %s", step.name)
+            step.start()
+            self._started.append(step)
+
+    def shutdown(self) -> None:
+        while self._started:
+            step = self._started.pop()
+            if step.stop is None:
+                continue
+            logger.info("shutdown: %s", step.name)
+            try:
+                step.stop()
+            except Exception:  # keep stopping the rest
+                logger.exception("shutdown step %s failed", step.name)
+        logger.info("stopped; stats %s", self.stats.snapshot())
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self._on_stop_signal("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self._on_interrupt())
+        signal.signal(signal.SIGHUP, lambda *_: logger.warning("SIGHUP: hot reload is not implemented yet; ignored"))
+
+    def _on_stop_signal(self, name: str) -> None:
+        logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
+        self._stop.set()
+
+    def _on_interrupt(self) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:
+            raise ForcedExit("second SIGINT: exiting without draining")
+        self._on_stop_signal("SIGINT (again to force)")
+
+    def _load_models(self) -> None:
+        """Verify and load each model once; its digest pins the workers' copies."""
+        for name, mc in self.config.models.items():
+            model = Model(mc.path, backend=self.config.runtime, expected_sha256=mc.sha256)
+            model.warm_up()
+            self._models[name] = model
+            logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
+                        model.sha256[:12], list(model.input.shape))
+
+    def _worker_models(self, index: int) -> WorkerModels:
+        models = {}
+        for name, reference in self._models.items():
+            model = Model(reference.path, backend=reference.backend, expected_sha256=reference.sha256)
+            model.warm_up()
+            models[name] = model
+        return models
+
+    def _pipelines(self) -> list[RoutePipeline]:
+        pipes = []
+        for route in self.config.routes:
+            labels = read_labels(self.config.models[route.model].labels)
+            if labels is None:
+                raise ModelError(self.config.models[route.model].labels, "labels file not found")
+            pipes.append(RoutePipeline.build(route, self._models[route.model].sha256, labels))
+        return pipes
+
+    def _open_cache(self) -> None:
+        self._cache = ResultCache(self.config.cache)
+
+    def _close_cache(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
+    def _start_workers(self) -> None:
+        cache = self._cache if self._cache is not None and self._cache.enabled else None
+        self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models)
+        self._dispatcher.start()
+
+    def _stop_workers(self) -> None:
+        self._dispatcher.stop(self.config.workers.drain_timeout_s)
+
+    def _connect(self) -> None:
+        self._link = MqttLink(self.config.mqtt, self._dispatcher.filters, self._dispatcher.on_message,
+                              receive_maximum=receive_maximum(self.config.workers))
+        self._dispatcher.attach(self._link)
+        self._link.start()
+
+    def _disconnect(self) -> None:
+        self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)
