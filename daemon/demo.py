@@ -36,6 +36,10 @@ _DEVICE = "demo-1"  # fills each '+' of a route's filter
 _READY_TIMEOUT_S = 60.0
 _ANSWER_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 20.0
+# Requests a demo client keeps outstanding, as a well-behaved sensor gateway would.
+# Flow control must not rest on the broker alone: mosquitto 2.0.11 overshoots a
+# v5 client's ReceiveMaximum (eclipse-mosquitto#2301).
+WINDOW = 16
 
 
 @dataclass
@@ -169,7 +173,8 @@ def run_demo(config_path: Path, limit: int = 0, quiet: bool = False) -> bool:
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:
-            return _replay(client, daemon, runs, quiet) and _stop(client, daemon)
+            replayed = _replay(client, daemon, runs, quiet)
+            return _stop(client, daemon) and replayed
         finally:
             client.close()
             if daemon.poll() is None:
@@ -183,8 +188,11 @@ def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun
         print("daemon did not come online")
         return False
     print(f"daemon: online (pid {daemon.pid}); replaying {sum(len(r.x) for r in runs.values())} samples")
+    outstanding = lambda: sum(len(r.sent_at) - len(r.answers) for r in runs.values())  # noqa: E731
     for run in runs.values():
         for i in range(len(run.x)):
+            if not client.wait_for(lambda: outstanding() < WINDOW, _ANSWER_TIMEOUT_S):
+                break
             client.send(run, i)
     done = lambda: all(len(r.answers) == len(r.sent_at) for r in runs.values())  # noqa: E731
     client.wait_for(done, _ANSWER_TIMEOUT_S)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up what the demo and the tests need, from nothing, on Debian/Ubuntu:
+#   .venv with edge-inferd and its test extra, and mosquitto (through apt when missing).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+apt_updated=0
+apt_install() {
+    echo "setup: installing $* with apt-get" >&2
+    if [ "$apt_updated" -eq 0 ]; then $SUDO apt-get update -qq; apt_updated=1; fi
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+
+command -v python3 >/dev/null || apt_install python3
+python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
+    apt_install mosquitto
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv" >&2
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest' 2>/dev/null; then
+    echo "setup: installing edge-inferd into .venv (a minute or two)" >&2
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[test]'
+fi

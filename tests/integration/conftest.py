@@ -1,0 +1,157 @@
+"""Integration fixtures: a real mosquitto on a free port and the real daemon as a process.
+
+No broker mocks, no fake interpreters: every test here goes through paho, mosquitto,
+the daemon's CLI and the bundled INT8 models. Waits are event-driven with generous
+time limits (a limit only decides how long a failing test takes, never whether it passes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import paho.mqtt.client as paho
+import pytest
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from daemon.broker import Broker
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "broker") as b:
+        yield b
+
+
+class Client:
+    """A test MQTT client that records every message per topic."""
+
+    def __init__(self, broker: Broker, protocol: int = paho.MQTTv5, client_id: str = ""):
+        self.messages: list[paho.MQTTMessage] = []
+        self.cond = threading.Condition()
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+        self.c.on_message = self._on_message
+        self.c.connect("127.0.0.1", broker.port)
+        self.c.loop_start()
+
+    def _on_message(self, client, userdata, msg) -> None:
+        with self.cond:
+            self.messages.append(msg)
+            self.cond.notify_all()
+
+    def subscribe(self, topic: str) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *a: done.set()
+        self.c.subscribe(topic, qos=1)
+        assert done.wait(WAIT_S), f"subscription to {topic} not acknowledged"
+
+    def publish(self, topic: str, payload: bytes, response_topic: Optional[str] = None,
+                correlation: Optional[bytes] = None, qos: int = 1) -> None:
+        props = None
+        if response_topic or correlation:
+            props = Properties(PacketTypes.PUBLISH)
+            if response_topic:
+                props.ResponseTopic = response_topic
+            if correlation:
+                props.CorrelationData = correlation
+        self.c.publish(topic, payload, qos=qos, properties=props).wait_for_publish(WAIT_S)
+
+    def on(self, topic: str) -> list:
+        with self.cond:
+            return [m for m in self.messages if m.topic == topic]
+
+    def wait_count(self, topic: str, n: int) -> list:
+        with self.cond:
+            self.cond.wait_for(lambda: len([m for m in self.messages if m.topic == topic]) >= n, WAIT_S)
+        got = self.on(topic)
+        assert len(got) >= n, f"expected {n} message(s) on {topic}, got {len(got)}"
+        return got
+
+    def wait_json(self, topic: str, n: int = 1) -> list[dict]:
+        return [json.loads(m.payload) for m in self.wait_count(topic, n)]
+
+    def wait_payload(self, topic: str, payload: bytes) -> None:
+        def seen() -> bool:
+            return any(m.topic == topic and m.payload == payload for m in self.messages)
+        with self.cond:
+            assert self.cond.wait_for(seen, WAIT_S), f"no {payload!r} on {topic}"
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+@pytest.fixture
+def client(broker):
+    c = Client(broker)
+    yield c
+    c.close()
+
+
+def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides) -> Path:
+    """A copy of a config with absolute model paths, a private cache and overrides per section."""
+    raw = yaml.safe_load(base.read_text())
+    for model in raw["models"].values():
+        model["path"] = str((base.parent / model["path"]).resolve())
+        model["labels"] = str((base.parent / model["labels"]).resolve())
+    raw["cache"] = {**(raw.get("cache") or {}), "dir": str(tmp_path / "cache")}
+    for section, values in overrides.items():
+        raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+class Daemon:
+    """`edge-inferd run` as a child process, with its log kept for failures."""
+
+    def __init__(self, config: Path, broker_address: str, log: Path):
+        self.log_path = log
+        self._log = open(log, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "run", "--config", str(config),
+                                      "--broker", broker_address], stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=ROOT)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_daemon(tmp_path, broker):
+    started = []
+
+    def start(config: Path, wait_online: Optional["Client"] = None, client_id: str = "edge-inferd") -> Daemon:
+        d = Daemon(config, broker.address, tmp_path / f"daemon-{len(started)}.log")
+        started.append(d)
+        if wait_online is not None:
+            wait_online.subscribe(f"edge-inferd/{client_id}/status")
+            wait_online.wait_payload(f"edge-inferd/{client_id}/status", b"online")
+        return d
+
+    yield start
+    for d in started:
+        d.stop()

@@ -1,0 +1,210 @@
+"""The daemon end to end over a real mosquitto, with the bundled INT8 models."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+
+import numpy as np
+import pytest
+
+from daemon.config import load_config
+from daemon.evaluate import validate
+from tests.integration.conftest import ROOT, WAIT_S, Client, write_config
+
+# Requests a test client keeps outstanding (see daemon/demo.py WINDOW for why clients pace).
+WINDOW = 16
+
+
+def _samples(model: str):
+    with np.load(ROOT / "models" / model / "test.npz") as data:
+        return data["x"], data["y"]
+
+
+def _labels(model: str) -> list[str]:
+    return (ROOT / "models" / model / "labels.txt").read_text().split()
+
+
+def replay(client: Client, topic: str, reply_topic: str, payloads: list[bytes], raw: bool) -> dict[int, dict]:
+    """Send every payload (JSON id, or CorrelationData for raw) with a bounded window."""
+    client.subscribe(reply_topic)
+    base = len(client.on(reply_topic))
+    for i, payload in enumerate(payloads):
+        if i >= WINDOW:
+            client.wait_count(reply_topic, base + i - WINDOW + 1)
+        client.publish(topic, payload, correlation=str(i).encode() if raw else None)
+    msgs = client.wait_count(reply_topic, base + len(payloads))[base:]
+    out = {}
+    for m in msgs:
+        reply = json.loads(m.payload)
+        key = int(m.properties.CorrelationData.decode()) if raw else reply["id"]
+        out[key] = reply
+    return out
+
+
+@pytest.mark.parametrize("route,model,fmt", [("activity", "activity", "json"), ("activity-raw", "activity", "raw"),
+                                              ("appliance", "appliance", "json")])
+def test_bundled_test_set_over_mqtt_matches_validate(tmp_path, client, start_daemon, route, model, fmt):
+    config = write_config(tmp_path, cache={"enabled": False})
+    expected = validate(load_config(config), route, ROOT / "models" / model / "test.npz")[0]["accuracy"]
+    x, y = _samples(model)
+    if fmt == "raw":
+        payloads = [s.astype("<f4").tobytes() for s in x]
+    else:
+        payloads = [json.dumps({"id": i, "data": s.tolist()}).encode() for i, s in enumerate(x)]
+    topic = {"activity": "sensors/w1/imu", "activity-raw": "sensors/w1/imu/raw", "appliance": "plugs/p1/power"}[route]
+    reply_topic = {"activity": "results/w1/activity", "appliance": "results/p1/appliance"}[model]
+    start_daemon(config, wait_online=client)
+
+    replies = replay(client, topic, reply_topic, payloads, raw=fmt == "raw")
+
+    assert sorted(replies) == list(range(len(x)))
+    labels = _labels(model)
+    assert all(r["route"] == route and "error" not in r for r in replies.values())
+    accuracy = np.mean([replies[i]["label"] == labels[y[i]] for i in range(len(x))])
+    assert accuracy == pytest.approx(expected)
+    first = replies[0]
+    assert set(first) >= {"id", "route", "model", "model_sha256", "label", "index", "score", "top_k", "cached",
+                          "latency_ms"}
+    assert len(first["model_sha256"]) == 12 and len(first["top_k"]) == 3
+    assert first["label"] == first["top_k"][0]["label"] == labels[first["index"]]
+
+
+def _activity_payload(i: int = 0, **extra) -> bytes:
+    x, _ = _samples("activity")
+    return json.dumps({"id": i, "data": x[i].tolist(), **extra}).encode()
+
+
+def test_response_topic_gets_the_reply_with_correlation_data(tmp_path, client, start_daemon):
+    start_daemon(write_config(tmp_path), wait_online=client)
+    client.subscribe("clients/me/replies")
+    client.subscribe("results/w9/activity")
+
+    client.publish("sensors/w9/imu", _activity_payload(3), response_topic="clients/me/replies", correlation=b"req-42")
+
+    [msg] = client.wait_count("clients/me/replies", 1)
+    assert msg.properties.CorrelationData == b"req-42"
+    assert json.loads(msg.payload)["id"] == 3
+    assert client.on("results/w9/activity") == []  # answered on the ResponseTopic instead
+
+
+def test_topic_captures_fill_the_publish_template(tmp_path, client, start_daemon):
+    raw = load_config(ROOT / "config.yaml")
+    assert raw.routes[0].name == "activity"
+    config = write_config(tmp_path)
+    text = config.read_text().replace("subscribe: sensors/+/imu\n", "subscribe: site/+/sensors/+/imu\n", 1)
+    text = text.replace("publish: results/{1}/activity\n", "publish: out/{2}/{1}/{topic}\n", 1)
+    config.write_text(text)
+    start_daemon(config, wait_online=client)
+    client.subscribe("out/#")
+
+    client.publish("site/berlin/sensors/w7/imu", _activity_payload(0))
+
+    [reply] = client.wait_json("out/w7/berlin/site/berlin/sensors/w7/imu")
+    assert reply["route"] == "activity" and reply["id"] == 0
+
+
+def test_repeated_input_is_a_cache_hit_and_survives_a_restart(tmp_path, broker, client, start_daemon):
+    config = write_config(tmp_path)
+    first = start_daemon(config, wait_online=client)
+    client.subscribe("results/c1/activity")
+    client.publish("sensors/c1/imu", _activity_payload(5))
+    client.wait_count("results/c1/activity", 1)  # in sequence: two workers could both miss
+    client.publish("sensors/c1/imu", _activity_payload(5))
+    a, b = client.wait_json("results/c1/activity", 2)
+    assert (a["cached"], b["cached"]) == (False, True)
+    assert a["label"] == b["label"] and a["top_k"] == b["top_k"]
+    assert first.stop() == 0
+
+    fresh = Client(broker)
+    start_daemon(config, wait_online=fresh)
+    fresh.subscribe("results/c1/activity")
+    fresh.publish("sensors/c1/imu", _activity_payload(5))
+    [c] = fresh.wait_json("results/c1/activity", 1)
+    fresh.close()
+    assert c["cached"] is True and c["label"] == a["label"]
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_each_bad_request_gets_its_error_code_and_the_daemon_keeps_serving(tmp_path, client, start_daemon):
+    config = write_config(tmp_path)
+    start_daemon(config, wait_online=client)
+    client.subscribe("results/e1/activity")
+    bad = [
+        (b"{not json", "bad_payload"),
+        (json.dumps({"id": "s", "data": [1.0, 2.0]}).encode(), "bad_shape"),
+        (json.dumps({"id": "n", "data": [[float("nan")] * 6] * 100}).encode(), "bad_payload"),
+        (b" " * (1024 * 1024 + 1), "too_large"),
+        (_activity_payload(1, timeout_ms=0), "expired"),
+    ]
+    for payload, _ in bad:
+        client.publish("sensors/e1/imu", payload)
+    client.publish("sensors/e1/imu", _activity_payload(2))
+
+    replies = client.wait_json("results/e1/activity", len(bad) + 1)  # two workers: any order
+    codes = sorted(str(r.get("error", {}).get("code")) for r in replies)
+    assert codes == sorted([code for _, code in bad] + ["None"])
+    by_id = {json.dumps(r["id"]): r for r in replies if r["id"] is not None}
+    assert by_id['"s"']["error"]["code"] == "bad_shape" and by_id['"n"']["error"]["code"] == "bad_payload"
+    assert by_id["1"]["error"]["code"] == "expired"
+    assert "label" in by_id["2"]
+    assert all(r["route"] == "activity" for r in replies)
+    assert all(r["error"]["message"] for r in replies if "error" in r)
+
+
+def test_a_full_queue_is_answered_overloaded_never_dropped(tmp_path, client, start_daemon):
+    config = write_config(tmp_path, workers={"max": 1, "queue": 1}, cache={"enabled": False})
+    start_daemon(config, wait_online=client)
+    client.subscribe("results/o1/appliance")
+    x, _ = _samples("appliance")
+    n = 200
+    for i in range(n):  # QoS 0: no broker flow control, as a careless publisher would send
+        client.publish("plugs/o1/power", json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode(), qos=0)
+
+    replies = client.wait_json("results/o1/appliance", n)
+    assert sorted(r["id"] for r in replies) == list(range(n))  # every request answered exactly once
+    shed = [r for r in replies if r.get("error", {}).get("code") == "overloaded"]
+    assert shed, "a 1-slot queue under a 200-request burst must shed some requests"
+    assert len(shed) < n
+
+
+def test_daemon_started_before_the_broker_serves_once_it_is_up(tmp_path):
+    from daemon.broker import Broker
+    from tests.integration.conftest import Daemon
+
+    broker = Broker(tmp_path / "late-broker")
+    config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
+    daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
+    try:
+        assert daemon.proc.poll() is None
+        broker.start()
+        client = Client(broker)
+        client.subscribe("edge-inferd/edge-inferd/status")
+        client.wait_payload("edge-inferd/edge-inferd/status", b"online")
+        client.subscribe("results/l1/activity")
+        client.publish("sensors/l1/imu", _activity_payload(0))
+        [reply] = client.wait_json("results/l1/activity")
+        client.close()
+        assert reply["id"] == 0 and "label" in reply
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+        broker.close()
+
+
+def test_sigterm_stops_cleanly_with_retained_offline(tmp_path, broker, client, start_daemon):
+    daemon = start_daemon(write_config(tmp_path), wait_online=client)
+    assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
+
+    late = Client(broker)  # a new subscriber sees the retained status
+    late.subscribe("edge-inferd/edge-inferd/status")
+    [msg] = late.wait_count("edge-inferd/edge-inferd/status", 1)
+    late.close()
+    assert msg.payload == b"offline" and msg.retain
+    assert "Traceback" not in daemon.log()
+    assert WAIT_S > 0
