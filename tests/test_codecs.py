@@ -1,0 +1,81 @@
+"""Decoding requests: formats, size limit first, shape/dtype/finite checks, error codes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from daemon import codecs
+from daemon.config import InputConfig
+from daemon.errors import PayloadError
+
+SPEC = InputConfig(format="json", shape=(4, 2), dtype="float32", max_bytes=1000)
+
+
+def _code(payload: bytes, spec: InputConfig = SPEC) -> str:
+    with pytest.raises(PayloadError) as err:
+        codecs.decode(payload, spec)
+    return err.value.code
+
+
+def test_json_nested_or_flat_with_any_id():
+    nested = codecs.decode(json.dumps({"id": {"k": [1]}, "data": [[1, 2]] * 4}).encode(), SPEC)
+    flat = codecs.decode(json.dumps({"id": 7, "data": list(range(8))}).encode(), SPEC)
+    assert nested.request_id == {"k": [1]} and nested.data.shape == (4, 2) and nested.data.dtype == np.float32
+    assert flat.data[3].tolist() == [6.0, 7.0]
+
+
+def test_raw_little_endian_and_npy():
+    x = np.arange(8, dtype="<f4").reshape(4, 2)
+    raw = codecs.decode(x.tobytes(), InputConfig(format="raw", shape=(4, 2)))
+    buf = io.BytesIO()
+    np.save(buf, x.astype(np.int16))
+    npy = codecs.decode(buf.getvalue(), InputConfig(format="npy", shape=(4, 2)))
+    assert raw.request_id is None and np.array_equal(raw.data, x) and np.array_equal(npy.data, x)
+    assert codecs.decode(x.astype("<i2").tobytes(), InputConfig(format="raw", shape=(4, 2), dtype="int16")).data[3, 1] == 7
+
+
+def test_size_limit_is_checked_before_parsing():
+    assert _code(b"{" * 1001) == "too_large"  # would be bad_payload if it were parsed first
+
+
+@pytest.mark.parametrize("payload,code", [
+    (b"\xff\xfe", "bad_payload"),
+    (b"[1, 2]", "bad_payload"),
+    (b'{"id": 1}', "bad_payload"),
+    (b'{"id": 1, "data": ["a"]}', "bad_payload"),
+    (b'{"id": 1, "data": [1, 2, 3]}', "bad_shape"),
+    (b'{"id": 1, "data": [[1, 2], [3]]}', "bad_shape"),
+    (b'{"id": 1, "data": [NaN, 1, 2, 3, 4, 5, 6, 7]}', "bad_payload"),
+    (b'{"id": 1, "data": [1, 2, 3, 4, 5, 6, 7, Infinity]}', "bad_payload"),
+    (b'{"id": 1, "timeout_ms": -5, "data": [1, 2, 3, 4, 5, 6, 7, 8]}', "bad_payload"),
+])
+def test_bad_json_requests(payload, code):
+    assert _code(payload) == code
+
+
+def test_errors_keep_the_request_id_when_it_was_readable():
+    with pytest.raises(PayloadError) as err:
+        codecs.decode(b'{"id": "abc", "data": [1]}', SPEC)
+    assert err.value.request_id == "abc"
+
+
+def test_bad_raw_and_npy():
+    assert _code(b"\0" * 31, InputConfig(format="raw", shape=(4, 2))) == "bad_shape"
+    assert _code(b"not an npy", InputConfig(format="npy", shape=(4, 2))) == "bad_payload"
+    buf = io.BytesIO()
+    np.save(buf, np.array(["a"] * 8))
+    assert _code(buf.getvalue(), InputConfig(format="npy", shape=(4, 2))) == "bad_payload"
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    assert _code(buf.getvalue(), InputConfig(format="npy", shape=(4, 2))) == "bad_payload"  # never unpickled
+
+
+def test_peek_id_and_encoding():
+    assert codecs.peek_id(b'{"id": 5, "data": []}', SPEC) == 5
+    assert codecs.peek_id(b"junk", SPEC) is None
+    reply = codecs.error_reply(5, "r", "overloaded", "full")
+    assert json.loads(codecs.encode(reply)) == {"id": 5, "route": "r", "error": {"code": "overloaded", "message": "full"}}

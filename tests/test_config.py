@@ -1,0 +1,150 @@
+"""Config loading: the example is valid; a broken file reports every error with its key path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.config import ConfigError, load_config, parse_broker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BROKEN = """\
+mqtt:
+  broker: "localhost:99999"
+  qos: 3
+  protocol: 4
+  colour: blue
+runtime: onnx
+models:
+  activity:
+    path: {root}/models/activity/model.tflite
+    labels: {root}/models/activity/labels.txt
+  ghost:
+    path: /nonexistent/model.tflite
+    labels: /nonexistent/labels.txt
+routes:
+  - name: a
+    subscribe: sensors/#/imu
+    model: activity
+    input: {{format: json, shape: [100, 6]}}
+    publish: results/{{3}}
+  - name: a
+    subscribe: sensors/+/imu
+    model: nosuchmodel
+    input: {{format: xml, shape: [100, 6]}}
+    publish: results/{{1}}
+  - name: c
+    subscribe: sensors/+/imu2
+    model: activity
+    input: {{format: json, shape: [99, 6]}}
+    preprocess:
+      - downsample: {{factor: 2}}
+    publish: out/{{1}}
+workers: {{max: 0}}
+"""
+
+
+def _broken(tmp_path: Path) -> Path:
+    path = tmp_path / "broken.yaml"
+    path.write_text(BROKEN.format(root=ROOT))
+    return path
+
+
+def test_example_config_is_valid():
+    config = load_config(ROOT / "config.yaml")
+    assert [r.name for r in config.routes] == ["activity", "activity-raw", "appliance"]
+    assert config.mqtt.is_v5 and config.mqtt.qos == 1 and config.mqtt.port == 1883
+    assert config.models["activity"].path == ROOT / "models/activity/model.tflite"
+
+
+def test_every_error_is_reported_at_once_with_its_key_path(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(_broken(tmp_path))
+    text = "\n".join(err.value.errors)
+    expected = [
+        "mqtt.broker: broker 'localhost:99999' is not 'host:port'",
+        "mqtt.qos: must be one of 0, 1, 2, got 3",
+        "mqtt.protocol: must be 5 or 3.1.1",
+        "mqtt.colour: unknown key",
+        "runtime: must be one of auto, litert, tflite",
+        "routes[0].subscribe: '#' must be a whole level and the last one",
+        "routes[0].publish: placeholder {3} but the subscribe filter has only 0",
+        "routes[1].input.format: must be one of json, raw, npy, image",
+        "workers.max: must be >= 1",
+    ]
+    for line in expected:
+        assert line in text, f"missing: {line}\n--- got:\n{text}"
+    assert "(line 3)" in text  # qos is on line 3 of the file
+
+
+def test_cross_field_errors_once_the_shape_is_right(tmp_path):
+    path = _broken(tmp_path)
+    text = path.read_text()
+    for bad, good in [("localhost:99999", "localhost:1883"), ("qos: 3", "qos: 1"), ("protocol: 4", "protocol: 5"),
+                      ("  colour: blue\n", ""), ("runtime: onnx", "runtime: auto"), ("sensors/#/imu", "sensors/x/imu"),
+                      ("results/{3}", "results/x"), ("format: xml", "format: json"), ("max: 0", "max: 1")]:
+        text = text.replace(bad, good)
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = "\n".join(err.value.errors)
+    for line in [
+        "routes[1].name: duplicate route name 'a' (also routes[0])",
+        "routes[1].model: unknown model 'nosuchmodel' (known: activity, ghost)",
+        "models.ghost.path: /nonexistent/model.tflite: model file not found",
+        "routes[2].preprocess: step 0 (downsample): length 99 on axis 0 is not a multiple of factor 2",
+        "routes[0].input: shape [100, 6] becomes [100, 6] after preprocessing, but model 'activity' takes [50, 6]",
+    ]:
+        assert line in text, f"missing: {line}\n--- got:\n{text}"
+
+
+def test_check_config_exits_78_and_prints_every_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "daemon", "check-config", "--config", str(_broken(tmp_path))],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 78
+    errors = [line for line in proc.stderr.splitlines() if ": " in line and not line.startswith("INFO")]
+    assert len({line.split(":")[0] for line in errors}) >= 5
+    assert proc.stdout == ""
+
+
+def test_check_config_exits_0_on_the_example():
+    proc = subprocess.run([sys.executable, "-m", "daemon", "check-config", "--config", "config.yaml"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and "valid" in proc.stdout
+
+
+def test_run_refuses_an_invalid_config_with_the_same_messages(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "daemon", "run", "--config", str(_broken(tmp_path))],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 78 and "mqtt.qos: must be one of 0, 1, 2, got 3" in proc.stderr
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "config: is required and must be a mapping"),
+    ("mqtt: [1, 2\n", "invalid YAML at line"),
+    ("- just\n- a list\n", "config: must be a mapping"),
+])
+def test_unusable_files_are_config_errors(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_broker_parsing_and_override():
+    assert parse_broker("gw.local:8883") == ("gw.local", 8883)
+    assert parse_broker("gw.local") == ("gw.local", 1883)
+    assert parse_broker("[::1]:1884") == ("::1", 1884)
+    config = load_config(ROOT / "config.yaml").with_broker("127.0.0.1:2000")
+    assert (config.mqtt.host, config.mqtt.port) == ("127.0.0.1", 2000)
+    with pytest.raises(ConfigError, match="--broker"):
+        load_config(ROOT / "config.yaml").with_broker("host:notaport")

@@ -1,0 +1,53 @@
+"""ai-edge-litert and tflite-runtime agree on every test sample of every bundled model.
+
+tflite-runtime needs numpy<2, so it lives in its own venv (made by ./scripts/test.sh),
+named by EDGE_INFERD_TFLITE_PYTHON; tests/parity_helper.py scores there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.config import load_config
+from daemon.evaluate import find_route
+from daemon.pipeline import RoutePipeline
+from daemon.runtime import Model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = [(ROOT / "models/activity", "activity", ROOT / "config.yaml"),
+          (ROOT / "models/appliance", "appliance", ROOT / "config.yaml"),
+          (ROOT / "tests/fixtures/digits", "digits", ROOT / "tests/fixtures/digits/config.yaml")]
+TFLITE_PYTHON = os.environ.get("EDGE_INFERD_TFLITE_PYTHON")
+
+
+@pytest.fixture(scope="module")
+def tflite_scores(tmp_path_factory):
+    if not TFLITE_PYTHON:
+        pytest.skip("EDGE_INFERD_TFLITE_PYTHON is not set; ./scripts/test.sh sets it up")
+    out = tmp_path_factory.mktemp("parity") / "tflite.npz"
+    args = [str(v) for triple in MODELS for v in triple]
+    proc = subprocess.run([TFLITE_PYTHON, str(ROOT / "tests/parity_helper.py"), str(out), *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(out) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("model_dir,route_name,config", MODELS, ids=[m[1] for m in MODELS])
+def test_backends_agree_on_every_sample(tflite_scores, model_dir, route_name, config):
+    assert str(tflite_scores[f"{route_name}__backend"]) == "tflite"
+    route = find_route(load_config(config, check_models=False), route_name)
+    model = Model(model_dir / "model.tflite", backend="litert")
+    with np.load(model_dir / "test.npz") as data:
+        x = data["x"]
+    litert = model.infer(RoutePipeline.build(route, model.sha256, []).preprocess(x))
+    tflite = tflite_scores[route_name]
+
+    assert litert.shape == tflite.shape == (len(x), model.num_outputs)
+    assert np.array_equal(litert.argmax(axis=1), tflite.argmax(axis=1)), "top-1 differs on some sample"
+    assert np.max(np.abs(litert - tflite)) <= model.output.scale * 1.0001, "scores differ by more than 1 step"
