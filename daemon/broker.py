@@ -4,6 +4,8 @@ Persistence is on with `autosave_interval 1` in a directory we own: with mosquit
 default of 1800 s a SIGKILL loses queued messages (PITFALLS.md). Started as root,
 mosquitto would drop to the `mosquitto` user and silently run without persistence if
 that user cannot write the directory, so `user` is set to the current user.
+`set_tcp_nodelay true`: mosquitto's default leaves Nagle on, which adds ~40 ms
+delayed-ACK stalls to small messages (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Broker:
             "persistence true\n"
             f"persistence_location {data}/\n"
             "autosave_interval 1\n"
+            "set_tcp_nodelay true\n"
             f"user {getpass.getuser()}\n"
             "log_dest stderr\n"
             "log_type error\n"

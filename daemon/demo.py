@@ -30,7 +30,7 @@ from paho.mqtt.properties import Properties
 from daemon import topics
 from daemon.broker import Broker
 from daemon.config import Config, RouteConfig, load_config, read_labels
-from daemon.mqtt import STATUS_OFFLINE, STATUS_ONLINE
+from daemon.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
 
 _DEVICE = "demo-1"  # fills each '+' of a route's filter
 _READY_TIMEOUT_S = 60.0
@@ -84,7 +84,8 @@ class Replayer:
         self.changed = threading.Condition()
         self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id="edge-inferd-demo", protocol=paho.MQTTv5)
         self._client.on_message = self._on_message
-        self._client.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in sorted(reply_topics | {status_topic})])
+        topics_ = sorted(reply_topics | {status_topic})
+        self._client.on_connect = lambda c, *_: (disable_nagle(c.socket()), c.subscribe([(t, 1) for t in topics_]))
         self._client.connect(host, int(port))
         self._client.loop_start()
 

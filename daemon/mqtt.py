@@ -10,6 +10,8 @@ that shape this module:
   `suppress_exceptions` is set, so `on_message` guards the hand-off itself.
 - `wait_for_publish()` inside a callback deadlocks (paho #527, #875); it is used only
   in `stop()`, which runs on the main thread.
+- paho leaves Nagle's algorithm on: replies waited ~40 ms for delayed ACKs until
+  `on_connect` set TCP_NODELAY (88 ms round trip -> see docs/performance.md).
 - The LWT is not sent on a clean disconnect: `stop()` publishes `offline` itself.
 - `manual_ack=True`: a QoS>0 request is acknowledged only after its reply is
   published (`ack`). With MQTT v5 the CONNECT carries ReceiveMaximum, so the broker
@@ -20,6 +22,7 @@ that shape this module:
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +41,14 @@ STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+
+
+def disable_nagle(sock: object) -> None:
+    """Small replies must not wait for Nagle + delayed ACK (~40 ms each way); paho leaves it on."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (AttributeError, OSError) as exc:  # e.g. a unix or websocket transport
+        logger.debug("TCP_NODELAY not set: %s", exc)
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,7 @@ class MqttLink:
             logger.error("broker %s refused the connection: %s", self._config.broker, reason_code)
             return
         logger.info("connected to %s", self._config.broker)
+        disable_nagle(client.socket())
         self.connected.set()
         if self._accepting.is_set():
             self._subscribe()

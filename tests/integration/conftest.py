@@ -24,6 +24,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.broker import Broker
+from daemon.mqtt import disable_nagle
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0
@@ -44,6 +45,7 @@ class Client:
         self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         self.c.on_message = self._on_message
         self.c.connect("127.0.0.1", broker.port)
+        disable_nagle(self.c.socket())
         self.c.loop_start()
 
     def _on_message(self, client, userdata, msg) -> None:
