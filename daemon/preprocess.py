@@ -93,6 +93,23 @@ class Standardize:
 
 
 @dataclass(frozen=True)
+class Clip:
+    """Limit values to [min, max]: sensor saturation, or a bounded range that INT8 input
+    quantization can resolve finely (256 levels over the clipped range, not over rare spikes)."""
+
+    min: float
+    max: float
+
+    def out_shape(self, shape: Shape) -> Shape:
+        if not self.min < self.max:
+            raise ValueError(f"min {self.min} must be below max {self.max}")
+        return shape
+
+    def apply(self, batch: np.ndarray) -> np.ndarray:
+        return np.clip(batch, self.min, self.max)
+
+
+@dataclass(frozen=True)
 class Window:
     """The last `size` samples along `axis`; zero-padded at the front when shorter."""
 
@@ -200,6 +217,7 @@ STEP_TYPES: Mapping[str, type] = {
     "downsample": Downsample,
     "normalize": Normalize,
     "standardize": Standardize,
+    "clip": Clip,
     "window": Window,
     "transpose": Transpose,
     "reshape": Reshape,

@@ -197,6 +197,29 @@ def fit_members(spec: Spec, x: np.ndarray, y: np.ndarray, n_classes: int):
     return keras.Model(inp, keras.layers.Softmax()(keras.layers.Average()(logits)))
 
 
+def make_card(spec: Spec, route: dict, steps, labels, counts, input_shape, model_input_shape, accuracies) -> dict:
+    import tensorflow as tf
+
+    out = ROOT / spec.out_dir
+    return {
+        "name": spec.name, "dataset": spec.dataset, "source": spec.source, "notes": spec.notes,
+        "route": {"config": spec.config, "name": spec.route, "input": route["input"]},
+        "preprocessing": preprocess.canonical(steps),
+        "input_shape": list(input_shape), "model_input_shape": list(model_input_shape),
+        "labels": labels, "n_train": int(counts[0]), "n_test": int(counts[1]),
+        "float_accuracy": round(float(accuracies[0]), 4), "int8_accuracy": round(float(accuracies[1]), 4),
+        "size_bytes": (out / "model.tflite").stat().st_size,
+        "float_size_bytes": (out / "model_float.tflite").stat().st_size,
+        "sha256": file_sha256(out / "model.tflite"),
+        "float_sha256": file_sha256(out / "model_float.tflite"),
+        "training": {"seed": SEED, "members": spec.members, "epochs": spec.epochs, "batch_size": spec.batch_size,
+                     "schedule": "Adam, cosine decay from 1e-3",
+                     "architecture": spec.build.__name__, "tensorflow": tf.__version__,
+                     "quantization": "post-training full-integer, per-channel weights, "
+                                     "representative data = the preprocessed training split"},
+    }
+
+
 def train_one(spec: Spec) -> dict:
     import tensorflow as tf
     from tensorflow import keras
@@ -222,23 +245,8 @@ def train_one(spec: Spec) -> dict:
 
     float_acc = accuracy(out / "model_float.tflite", xp_te, y_te, int8=False)
     int8_acc = accuracy(out / "model.tflite", xp_te, y_te, int8=True)
-    card = {
-        "name": spec.name, "dataset": spec.dataset, "source": spec.source, "notes": spec.notes,
-        "route": {"config": spec.config, "name": spec.route, "input": route["input"]},
-        "preprocessing": preprocess.canonical(steps),
-        "input_shape": list(x_te.shape[1:]), "model_input_shape": list(xp_te.shape[1:]),
-        "labels": labels, "n_train": int(len(y_tr)), "n_test": int(len(y_te)),
-        "float_accuracy": round(float_acc, 4), "int8_accuracy": round(int8_acc, 4),
-        "size_bytes": (out / "model.tflite").stat().st_size,
-        "float_size_bytes": (out / "model_float.tflite").stat().st_size,
-        "sha256": file_sha256(out / "model.tflite"),
-        "float_sha256": file_sha256(out / "model_float.tflite"),
-        "training": {"seed": SEED, "members": spec.members, "epochs": spec.epochs, "batch_size": spec.batch_size,
-                     "schedule": "Adam, cosine decay from 1e-3",
-                     "architecture": spec.build.__name__, "tensorflow": tf.__version__,
-                     "quantization": "post-training full-integer, per-channel weights, "
-                                     "representative data = the preprocessed training split"},
-    }
+    card = make_card(spec, route, steps, labels, (len(y_tr), len(y_te)), x_te.shape[1:], xp_te.shape[1:],
+                     (float_acc, int8_acc))
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"[{spec.name}] float {float_acc:.4f}  int8 {int8_acc:.4f}  size {card['size_bytes']} B", flush=True)
     return card

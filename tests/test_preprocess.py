@@ -47,6 +47,13 @@ def test_standardize_is_a_per_sample_per_channel_zscore():
             assert np.allclose(out[n, :, c], (col - col.mean()) / (col.std() + 1e-6), atol=1e-4)
 
 
+def test_clip_limits_values():
+    x = np.array([[-5.0, -1.0, 0.5, 9.0]], np.float32)
+    assert pp.Clip(min=-3, max=3).apply(x).tolist() == [[-3.0, -1.0, 0.5, 3.0]]
+    with pytest.raises(ValueError, match="must be below"):
+        pp.Clip(min=1, max=1).out_shape((4,))
+
+
 def test_window_keeps_the_last_samples_and_pads_at_the_front():
     x = np.arange(10, dtype=np.float32).reshape(1, 10)
     assert pp.Window(size=4).apply(x).tolist() == [[6, 7, 8, 9]]
