@@ -14,9 +14,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
-
-import yaml
+from typing import Mapping, Optional
 
 from daemon import preprocess, topics
 from daemon.config_reader import Reader, load_yaml
@@ -264,7 +262,7 @@ def _read_route(r: Reader, routes: list, i: int) -> Optional[RouteConfig]:
 
 def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
     shape = r.get(m, "shape", p, list, [], required=True)
-    if shape is not None and not (shape and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+    if "shape" in m and not (shape and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
         r.error(m, "shape", p, f"must be a non-empty list of positive integers, got {shape!r}")
         shape = []
     fmt = r.get(m, "format", p, str, "json", choices=INPUT_FORMATS)
@@ -325,7 +323,8 @@ def _cross_check(r: Reader, config: Config, check_models: bool) -> None:
         if route.name in seen_names:
             r.error(m, "name", p, f"duplicate route name {route.name!r} (also routes[{seen_names[route.name]}])")
         if route.subscribe in seen_filters:
-            r.error(m, "subscribe", p, f"filter {route.subscribe!r} is already routed by routes[{seen_filters[route.subscribe]}]")
+            first = seen_filters[route.subscribe]
+            r.error(m, "subscribe", p, f"filter {route.subscribe!r} is already routed by routes[{first}]")
         seen_names.setdefault(route.name, i)
         seen_filters.setdefault(route.subscribe, i)
         if route.model not in config.models:
@@ -379,5 +378,3 @@ def read_labels(path: Path) -> Optional[list[str]]:
         return None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
-
-__all__ = ["Config", "ConfigError", "load_config", "read_labels", "yaml"]

@@ -142,7 +142,8 @@ class Reader:
         if problem:
             self.error(m, key, path, problem)
             return default
-        return float(value) if float in _as_tuple(types) and isinstance(value, int) and int not in _as_tuple(types) else value
+        wants_float = float in _as_tuple(types) and int not in _as_tuple(types)
+        return float(value) if wants_float and isinstance(value, int) else value
 
     @staticmethod
     def _problem(value: Any, types: Any, choices: Optional[Iterable], minimum: Optional[float],

@@ -54,8 +54,8 @@ class RouteRun:
 
 
 def request_topic(route: RouteConfig) -> str:
-    levels = [(_DEVICE if level == "+" else "sample" if level == "#" else level) for level in route.subscribe.split("/")]
-    return "/".join(levels)
+    fill = {"+": _DEVICE, "#": "sample"}
+    return "/".join(fill.get(level, level) for level in route.subscribe.split("/"))
 
 
 def reply_topic(route: RouteConfig) -> str:
@@ -170,7 +170,8 @@ def run_demo(config_path: Path, limit: int = 0, quiet: bool = False) -> bool:
         print(f"broker: mosquitto on {broker.address}")
         cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config_path), "--broker", broker.address]
         log = open(Path(tmp) / "daemon.log", "wb")
-        daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:

@@ -136,7 +136,7 @@ class MqttLink:
             logger.warning("disconnected from %s (%s); reconnecting", self._config.broker, reason_code)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
-        for topic_filter, code in zip(self._filters, reason_codes):
+        for topic_filter, code in zip(self._filters, reason_codes, strict=False):
             if code.value >= _FAILURE_THRESHOLD:
                 logger.error("broker refused the subscription to %r: %s", topic_filter, code)
 

@@ -63,7 +63,8 @@ class Normalize:
         for name in ("mean", "std"):
             value = getattr(self, name)
             if isinstance(value, tuple) and (not shape or len(value) != shape[-1]):
-                raise ValueError(f"{name} has {len(value)} values but the input has {shape[-1] if shape else 0} channels")
+                channels = shape[-1] if shape else 0
+                raise ValueError(f"{name} has {len(value)} values but the input has {channels} channels")
         if np.any(np.asarray(self.std, dtype=np.float64) == 0):
             raise ValueError("std must not be 0")
         return shape

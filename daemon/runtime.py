@@ -36,6 +36,7 @@ RUNTIME_CHOICES = ("auto",) + tuple(BACKENDS)
 _TFLITE_MAGIC = b"TFL3"
 _MAGIC_SLICE = slice(4, 8)
 _HASH_CHUNK = 1 << 20
+_INT8 = np.dtype(np.int8)
 
 InterpreterFactory = Callable[..., Any]
 
@@ -71,7 +72,7 @@ def _interpreter_class(backend: str) -> InterpreterFactory:
     return importlib.import_module(BACKENDS[backend]).Interpreter
 
 
-def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype = np.dtype(np.int8)) -> np.ndarray:
+def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype = _INT8) -> np.ndarray:
     """Float to integer: round(x / scale) + zero_point, saturated to the dtype's range."""
     info = np.iinfo(dtype)
     q = np.round(np.asarray(x, dtype=np.float64) / scale) + zero_point
@@ -108,7 +109,8 @@ class TensorSpec:
         scale, zero_point = d.get("quantization", (0.0, 0))
         shape = tuple(int(v) for v in d["shape"])
         signature = tuple(int(v) for v in d.get("shape_signature", shape))
-        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]), float(scale), int(zero_point))
+        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]),
+                   float(scale), int(zero_point))
 
     @property
     def quantized(self) -> bool:

@@ -21,7 +21,7 @@ from daemon.runtime import Model  # noqa: E402
 
 def main(out: str, *triples: str) -> None:
     results = {}
-    for model_dir, route_name, config_path in zip(triples[::3], triples[1::3], triples[2::3]):
+    for model_dir, route_name, config_path in zip(triples[::3], triples[1::3], triples[2::3], strict=True):
         config = load_config(config_path, check_models=False)
         route = find_route(config, route_name)
         model = Model(Path(model_dir) / "model.tflite", backend="tflite")

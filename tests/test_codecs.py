@@ -35,7 +35,8 @@ def test_raw_little_endian_and_npy():
     np.save(buf, x.astype(np.int16))
     npy = codecs.decode(buf.getvalue(), InputConfig(format="npy", shape=(4, 2)))
     assert raw.request_id is None and np.array_equal(raw.data, x) and np.array_equal(npy.data, x)
-    assert codecs.decode(x.astype("<i2").tobytes(), InputConfig(format="raw", shape=(4, 2), dtype="int16")).data[3, 1] == 7
+    int16 = InputConfig(format="raw", shape=(4, 2), dtype="int16")
+    assert codecs.decode(x.astype("<i2").tobytes(), int16).data[3, 1] == 7
 
 
 def test_size_limit_is_checked_before_parsing():
@@ -78,4 +79,5 @@ def test_peek_id_and_encoding():
     assert codecs.peek_id(b'{"id": 5, "data": []}', SPEC) == 5
     assert codecs.peek_id(b"junk", SPEC) is None
     reply = codecs.error_reply(5, "r", "overloaded", "full")
-    assert json.loads(codecs.encode(reply)) == {"id": 5, "route": "r", "error": {"code": "overloaded", "message": "full"}}
+    expected = {"id": 5, "route": "r", "error": {"code": "overloaded", "message": "full"}}
+    assert json.loads(codecs.encode(reply)) == expected

@@ -52,7 +52,11 @@ def test_result_has_the_contract_fields():
 
 def test_preprocessing_feeds_the_model():
     seen = []
-    handle(PIPE, _request([1, 3, 5, 7]), lambda b: seen.append(b) or np.ones((1, 3), np.float32), None, 0.0, lambda: 0.0)
+    def infer(batch):
+        seen.append(batch)
+        return np.ones((1, 3), np.float32)
+
+    handle(PIPE, _request([1, 3, 5, 7]), infer, None, 0.0, lambda: 0.0)
     assert seen[0].tolist() == [[2.0, 6.0]]
 
 

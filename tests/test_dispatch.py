@@ -1,0 +1,84 @@
+"""Dispatch: routing, shedding and the `internal` reply, with real interpreters.
+
+The transport is a recorder at the dispatcher's seam (publish/ack), not a broker: the
+broker paths are covered by tests/integration.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from daemon.config import WorkersConfig, load_config
+from daemon.dispatch import Dispatcher
+from daemon.evaluate import route_pipeline
+from daemon.mqtt import Inbound
+from daemon.runtime import Model
+from daemon.stats import Stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder:
+    def __init__(self):
+        self.published: list[tuple[str, dict, object]] = []
+        self.acked: list[int] = []
+        self.cond = threading.Condition()
+
+    def publish(self, topic, payload, retain=False, correlation_data=None):
+        with self.cond:
+            self.published.append((topic, json.loads(payload), correlation_data))
+            self.cond.notify_all()
+
+    def ack(self, inbound):
+        self.acked.append(inbound.mid)
+
+    def wait(self, n):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.published) >= n, 30)
+
+
+def _inbound(topic: str, payload: bytes, mid: int, **kw) -> Inbound:
+    return Inbound(topic=topic, payload=payload, qos=1, mid=mid, received_at=time.monotonic(), **kw)
+
+
+def _dispatcher(models_for_worker, workers=WorkersConfig(max=1, queue=4), stats=None):
+    config = load_config(ROOT / "config.yaml")
+    route = config.routes[0]
+    pipe = route_pipeline(config, route, Model(config.models["activity"].path))
+    return Dispatcher([pipe], None, stats or Stats(), workers, lambda i: models_for_worker)
+
+
+def _request(i: int) -> bytes:
+    with np.load(ROOT / "models/activity/test.npz") as data:
+        return json.dumps({"id": i, "data": data["x"][i].tolist()}).encode()
+
+
+def test_model_failure_is_answered_internal_and_the_worker_survives():
+    wrong = {"activity": Model(ROOT / "tests/fixtures/digits/model.tflite")}  # a real model that does not fit
+    d = _dispatcher(wrong)
+    rec = Recorder()
+    d.attach(rec)
+    d.start()
+    d.on_message(_inbound("sensors/w1/imu", _request(0), 1))
+    d.on_message(_inbound("sensors/w1/imu", _request(1), 2, response_topic="me/r", correlation_data=b"c"))
+    rec.wait(2)
+    assert d.stop(30)
+    (t1, r1, _), (t2, r2, c2) = rec.published
+    assert t1 == "results/w1/activity" and r1["error"]["code"] == "internal" and r1["route"] == "activity"
+    assert (t2, c2, r2["error"]["code"]) == ("me/r", b"c", "internal")
+    assert rec.acked == [1, 2]
+
+
+def test_unroutable_topic_is_acked_and_counted_never_fatal():
+    stats = Stats()
+    d = _dispatcher({"activity": Model(ROOT / "models/activity/model.tflite")}, stats=stats)
+    rec = Recorder()
+    d.attach(rec)
+    d.on_message(_inbound("nobody/listens/here", b"x", 7))
+    assert rec.published == [] and rec.acked == [7]
+    assert stats.count("unroutable") == 1
