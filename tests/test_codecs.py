@@ -81,3 +81,24 @@ def test_peek_id_and_encoding():
     reply = codecs.error_reply(5, "r", "overloaded", "full")
     expected = {"id": 5, "route": "r", "error": {"code": "overloaded", "message": "full"}}
     assert json.loads(codecs.encode(reply)) == expected
+
+
+def _png(array: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_image_rgb_and_gray_decode_to_the_route_shape():
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    decoded = codecs.decode(_png(rgb), InputConfig(format="image", shape=(4, 6, 3)))
+    assert decoded.data.dtype == np.float32 and np.array_equal(decoded.data, rgb)
+    gray = codecs.decode(_png(rgb), InputConfig(format="image", shape=(4, 6)))  # converted to luma by Pillow
+    assert gray.data.shape == (4, 6)
+
+
+def test_bad_images():
+    assert _code(_png(np.zeros((5, 6, 3), np.uint8)), InputConfig(format="image", shape=(4, 6, 3))) == "bad_shape"
+    assert _code(b"\x89PNG not really", InputConfig(format="image", shape=(4, 6))) == "bad_payload"
