@@ -208,3 +208,14 @@ def test_sigterm_stops_cleanly_with_retained_offline(tmp_path, broker, client, s
     assert msg.payload == b"offline" and msg.retain
     assert "Traceback" not in daemon.log()
     assert WAIT_S > 0
+
+
+def test_sighup_is_ignored_and_the_daemon_keeps_serving(tmp_path, client, start_daemon):
+    daemon = start_daemon(write_config(tmp_path), wait_online=client)
+    daemon.proc.send_signal(signal.SIGHUP)
+    client.subscribe("results/h1/activity")
+    client.publish("sensors/h1/imu", _activity_payload(0))
+    [reply] = client.wait_json("results/h1/activity")
+    assert reply["id"] == 0 and daemon.proc.poll() is None
+    assert daemon.stop() == 0
+    assert "SIGHUP: hot reload is not implemented yet; ignored" in daemon.log()

@@ -1,0 +1,47 @@
+"""Service wiring that needs no broker: start-up order, signal rules, admission bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.config import WorkersConfig, load_config
+from daemon.errors import ModelError
+from daemon.service import ForcedExit, Service, Step, receive_maximum
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_startup_is_one_ordered_list_and_shutdown_its_reverse():
+    service = Service(load_config(ROOT / "config.yaml"))
+    assert [s.name for s in service.steps()] == ["models", "cache", "workers", "mqtt", "intake"]
+
+
+def test_first_sigint_asks_to_drain_and_the_second_forces_the_exit():
+    service = Service(load_config(ROOT / "config.yaml"))
+    service._on_interrupt()
+    assert service._stop.is_set()
+    with pytest.raises(ForcedExit):
+        service._on_interrupt()
+
+
+def test_a_failed_step_leaves_only_the_earlier_steps_to_stop_in_reverse():
+    service = Service(load_config(ROOT / "config.yaml"))
+    log: list[str] = []
+
+    def fail() -> None:
+        raise ModelError("m.tflite", "gone")
+
+    service.steps = lambda: [Step("a", lambda: log.append("start a"), lambda: log.append("stop a")),
+                             Step("b", lambda: log.append("start b"), lambda: log.append("stop b")),
+                             Step("c", fail, lambda: log.append("stop c"))]
+    with pytest.raises(ModelError, match="gone"):
+        service.startup()
+    service.shutdown()
+    assert log == ["start a", "start b", "stop b", "stop a"]
+
+
+def test_receive_maximum_leaves_headroom_in_the_queue():
+    assert receive_maximum(WorkersConfig(max=2, queue=64)) == 32
+    assert receive_maximum(WorkersConfig(max=1, queue=1)) == 1
