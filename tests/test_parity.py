@@ -25,9 +25,9 @@ MODELS = [(ROOT / "models/activity", "activity", ROOT / "config.yaml"),
 # Known gap, kept visible rather than loosened: the two runtimes already differ by one step
 # in 0.12% of the first INT8 convolution's outputs (XNNPACK's fp32 requantization rounds
 # differently from TFLite's fixed-point kernels), and the appliance ensemble's softmax
-# amplifies that to up to 5 output steps on 10 of 100 samples. Top-1 still agrees on all.
+# amplifies that to up to 6 output steps on 16 of 100 samples. Top-1 still agrees on all.
 # strict: the day it passes, this marker must go.
-SCORE_BOUND_GAP = {"appliance": "runtimes' requantization rounding differs; softmax amplifies it to <= 5 steps"}
+SCORE_BOUND_GAP = {"appliance": "runtimes' requantization rounding differs; softmax amplifies it to <= 6 steps"}
 TFLITE_PYTHON = os.environ.get("EDGE_INFERD_TFLITE_PYTHON")
 
 
