@@ -56,7 +56,7 @@ def _broken(tmp_path: Path) -> Path:
 
 def test_example_config_is_valid():
     config = load_config(ROOT / "config.yaml")
-    assert [r.name for r in config.routes] == ["activity", "activity-raw", "appliance"]
+    assert [r.name for r in config.routes] == ["activity", "activity-raw", "appliance", "appliance-raw"]
     assert config.mqtt.is_v5 and config.mqtt.qos == 1 and config.mqtt.port == 1883
     assert config.models["activity"].path == ROOT / "models/activity/model.tflite"
 

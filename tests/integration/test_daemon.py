@@ -44,7 +44,8 @@ def replay(client: Client, topic: str, reply_topic: str, payloads: list[bytes], 
 
 
 @pytest.mark.parametrize("route,model,fmt", [("activity", "activity", "json"), ("activity-raw", "activity", "raw"),
-                                              ("appliance", "appliance", "json")])
+                                              ("appliance", "appliance", "json"),
+                                              ("appliance-raw", "appliance", "raw")])
 def test_bundled_test_set_over_mqtt_matches_validate(tmp_path, client, start_daemon, route, model, fmt):
     config = write_config(tmp_path, cache={"enabled": False})
     expected = validate(load_config(config), route, ROOT / "models" / model / "test.npz")[0]["accuracy"]
@@ -53,7 +54,8 @@ def test_bundled_test_set_over_mqtt_matches_validate(tmp_path, client, start_dae
         payloads = [s.astype("<f4").tobytes() for s in x]
     else:
         payloads = [json.dumps({"id": i, "data": s.tolist()}).encode() for i, s in enumerate(x)]
-    topic = {"activity": "sensors/w1/imu", "activity-raw": "sensors/w1/imu/raw", "appliance": "plugs/p1/power"}[route]
+    topic = {"activity": "sensors/w1/imu", "activity-raw": "sensors/w1/imu/raw", "appliance": "plugs/p1/power",
+             "appliance-raw": "plugs/p1/power/raw"}[route]
     reply_topic = {"activity": "results/w1/activity", "appliance": "results/p1/appliance"}[model]
     start_daemon(config, wait_online=client)
 
@@ -219,3 +221,17 @@ def test_sighup_is_ignored_and_the_daemon_keeps_serving(tmp_path, client, start_
     assert reply["id"] == 0 and daemon.proc.poll() is None
     assert daemon.stop() == 0
     assert "SIGHUP: hot reload is not implemented yet; ignored" in daemon.log()
+
+
+def test_mqtt_3_1_1_is_selectable(tmp_path, broker, start_daemon):
+    import paho.mqtt.client as paho
+
+    client = Client(broker, protocol=paho.MQTTv311)
+    try:
+        start_daemon(write_config(tmp_path, mqtt={"protocol": "3.1.1"}), wait_online=client)
+        client.subscribe("results/v3/activity")
+        client.publish("sensors/v3/imu", _activity_payload(4))
+        [reply] = client.wait_json("results/v3/activity")
+        assert reply["id"] == 4 and "label" in reply
+    finally:
+        client.close()
