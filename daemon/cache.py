@@ -88,20 +88,27 @@ class ResultCache:
         return self._cache is not None
 
     def _open(self, directory: Path) -> Optional[diskcache.Cache]:
+        problem: Exception
         try:
             return self._open_dir(directory)
-        except sqlite3.DatabaseError as exc:
-            quarantine = directory.with_name(f"{directory.name}.corrupt-{int(time.time())}")
-            logger.warning("cache %s is corrupt (%s); moved to %s and starting empty", directory, exc, quarantine)
+        except sqlite3.OperationalError as exc:  # locked, read-only, full: not corrupt, leave the files be
+            problem = exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database": corrupt
             try:
-                directory.rename(quarantine)
-                return self._open_dir(directory)
-            except (*_CACHE_ERRORS, sqlite3.DatabaseError) as again:
-                exc = again
-        except _CACHE_ERRORS as exc_open:
-            exc = exc_open
-        logger.warning("cache %s cannot be opened (%s); serving without a cache", directory, exc)
+                return self._recreate(directory, exc)
+            except _CACHE_ERRORS as again:
+                problem = again
+        except _CACHE_ERRORS as exc:
+            problem = exc
+        logger.warning("cache %s cannot be opened (%s); serving without a cache", directory, problem)
         return None
+
+    def _recreate(self, directory: Path, reason: Exception) -> diskcache.Cache:
+        """Move a corrupt cache aside (kept for inspection) and start an empty one."""
+        quarantine = directory.with_name(f"{directory.name}.corrupt-{int(time.time())}")
+        logger.warning("cache %s is corrupt (%s); moved to %s and starting empty", directory, reason, quarantine)
+        directory.rename(quarantine)
+        return self._open_dir(directory)
 
     def _open_dir(self, directory: Path) -> diskcache.Cache:
         directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)

@@ -54,6 +54,7 @@ class Dispatcher:
         self._clock = clock
         self._transport: Optional[Transport] = None
         self._bad_input_log = ThrottledLog(logger)
+        self._internal_log = ThrottledLog(logger)
         self._pool: WorkerPool[Job, WorkerModels] = WorkerPool(
             workers.max, workers.queue, make_models, self.process)
 
@@ -99,8 +100,9 @@ class Dispatcher:
             reply = pipeline.handle(job.pipe, inbound.payload, models[job.pipe.route.model].infer, self._cache,
                                     inbound.received_at, self._clock, deadline)
         except Exception as exc:  # a model or cache bug answers `internal`, it never kills the worker
-            logger.exception("internal error on %r", inbound.topic)
-            reply = job.pipe.error(None, INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._internal_log.warning(job.pipe.route.name, "internal error on %r", inbound.topic, exc_info=True)
+            request_id = codecs.peek_id(inbound.payload, job.pipe.route.input)
+            reply = job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
         self._reply(job, reply)
 
     def _reply(self, job: Job, reply: dict) -> None:

@@ -62,7 +62,7 @@ class ThrottledLog:
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
 
-    def warning(self, key: str, msg: str, *args: object) -> None:
+    def warning(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
         now = self._clock()
         with self._lock:
             last = self._last.get(key)
@@ -74,4 +74,4 @@ class ThrottledLog:
         if suppressed:
             msg += " (%d similar suppressed)"
             args += (suppressed,)
-        self._logger.warning(msg, *args)
+        self._logger.warning(msg, *args, exc_info=exc_info)

@@ -102,3 +102,13 @@ def test_failures_after_opening_degrade_to_misses_and_are_reported_once(tmp_path
         cache.put("k2", [1.0])
         assert cache.get("k2") is None
     assert caplog.text.count("serving without it until it recovers") == 1
+
+
+def test_an_unwritable_location_is_not_mistaken_for_corruption(tmp_path, caplog):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "cache.db").mkdir()  # sqlite cannot open a directory: OperationalError
+    cache = ResultCache(_config(tmp_path / "c"))
+    assert not cache.enabled
+    assert (tmp_path / "c" / "cache.db").is_dir()  # left alone, not moved aside
+    assert not any(p.name.startswith("c.corrupt-") for p in tmp_path.iterdir())
+    assert "serving without a cache" in caplog.text

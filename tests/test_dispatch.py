@@ -70,6 +70,7 @@ def test_model_failure_is_answered_internal_and_the_worker_survives():
     assert d.stop(30)
     (t1, r1, _), (t2, r2, c2) = rec.published
     assert t1 == "results/w1/activity" and r1["error"]["code"] == "internal" and r1["route"] == "activity"
+    assert r1["id"] == 0 and "does not match" in r1["error"]["message"]
     assert (t2, c2, r2["error"]["code"]) == ("me/r", b"c", "internal")
     assert rec.acked == [1, 2]
 
