@@ -40,9 +40,9 @@ class MqttConfig:
     """QoS of subscriptions and replies."""
     keepalive_s: int = 30
     """Seconds between keepalive pings."""
-    reconnect_min_s: float = 1.0
-    """First reconnect delay; doubles up to `reconnect_max_s`."""
-    reconnect_max_s: float = 30.0
+    reconnect_min_s: int = 1
+    """First reconnect delay in whole seconds; doubles up to `reconnect_max_s`."""
+    reconnect_max_s: int = 30
     """Cap on the reconnect delay."""
     username: Optional[str] = None
     """Broker user name, or None for anonymous."""
@@ -203,8 +203,8 @@ def _read_mqtt(r: Reader, m: Mapping) -> MqttConfig:
         protocol=PROTOCOLS.get(str(protocol), 5),
         qos=r.get(m, "qos", p, int, d.qos, choices=(0, 1, 2)),
         keepalive_s=r.get(m, "keepalive_s", p, int, d.keepalive_s, minimum=5),
-        reconnect_min_s=r.get(m, "reconnect_min_s", p, (int, float), d.reconnect_min_s, minimum=0.1),
-        reconnect_max_s=r.get(m, "reconnect_max_s", p, (int, float), d.reconnect_max_s, minimum=0.1),
+        reconnect_min_s=r.get(m, "reconnect_min_s", p, int, d.reconnect_min_s, minimum=1),
+        reconnect_max_s=r.get(m, "reconnect_max_s", p, int, d.reconnect_max_s, minimum=1),
         username=r.get(m, "username", p, (str, type(None)), None),
         password=r.get(m, "password", p, (str, type(None)), None),
     )

@@ -82,7 +82,8 @@ class MqttLink:
         if config.username is not None:
             self._client.username_pw_set(config.username, config.password)
         self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
-        self._client.reconnect_delay_set(int(max(1, config.reconnect_min_s)), int(max(1, config.reconnect_max_s)))
+        # paho takes whole seconds here.
+        self._client.reconnect_delay_set(int(config.reconnect_min_s), int(config.reconnect_max_s))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
@@ -94,8 +95,8 @@ class MqttLink:
                     self._config.client_id, "v5" if self._config.is_v5 else "3.1.1")
         properties = None
         if self._config.is_v5 and self._receive_maximum:
-            # The broker sends at most this many unacked QoS>0 requests. Acks follow the
-            # reply, so requests in flight never outnumber the queue plus the workers.
+            # The broker should send at most this many unacked QoS>0 requests; acks follow
+            # the reply. See service.receive_maximum for the size and mosquitto's overshoot.
             properties = Properties(PacketTypes.CONNECT)
             properties.ReceiveMaximum = self._receive_maximum
         self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
@@ -109,7 +110,8 @@ class MqttLink:
             self._subscribe()
 
     def close_intake(self) -> None:
-        """Stop handing on requests; unacked ones stay with the broker."""
+        """Stop handing on requests. Ones that arrive now stay unacked: without a persistent
+        session (v5 session expiry is 0 for now) the broker drops them with the session."""
         self._accepting.clear()
         if self.connected.is_set() and self._filters:
             self._client.unsubscribe(list(self._filters))
@@ -143,7 +145,7 @@ class MqttLink:
     def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
         try:
             if not self._accepting.is_set():
-                return  # stopping: leave it unacked, the broker keeps it for the session
+                return  # stopping: leave it unacked (see close_intake)
             self._handler(self._convert(msg))
         except Exception:  # paho's loop thread must survive anything a message does
             logger.exception("failed to hand on a message from %r", msg.topic)
