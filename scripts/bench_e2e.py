@@ -76,11 +76,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="daemon worker threads (default 2)")
     args = parser.parse_args()
     with Broker() as broker, tempfile.TemporaryDirectory() as tmp:
-        config = write_config(Path(tmp), cache={"enabled": False})
+        config = write_config(Path(tmp), cache={"enabled": False}, workers={"max": args.workers})
         print(f"activity model, {args.requests} JSON requests, mosquitto on {broker.address}")
-        daemon = run_server("edge-inferd", [sys.executable, "-m", "daemon", "run", "--config", str(config),
+        daemon = run_server(f"edge-inferd/{args.workers}w", [sys.executable, "-m", "daemon", "run", "--config", str(config),
                                             "--broker", broker.address], "edge-inferd/edge-inferd/status", broker, args)
         naive = run_server("naive", [sys.executable, "scripts/naive_baseline.py", broker.address],
                            "edge-inferd/naive/status", broker, args)
