@@ -134,6 +134,8 @@ class Config:
     routes: tuple[RouteConfig, ...]
     cache: CacheConfig
     workers: WorkersConfig
+    xnnpack: bool = True
+    """litert only: False runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
     source: Optional[Path] = None
     """The file this config came from, for messages."""
 
@@ -174,7 +176,7 @@ def load_config(path: Path | str, check_models: bool = True) -> Config:
 
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
-    root = r.section(r.raw, "", ("mqtt", "runtime", "models", "routes", "cache", "workers"), required=True)
+    root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers"), required=True)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
         mqtt=_read_mqtt(r, r.section(root, "mqtt", MqttConfig)),
@@ -183,6 +185,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         routes=_read_routes(r, root),
         cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
         workers=_read_workers(r, r.section(root, "workers", WorkersConfig)),
+        xnnpack=r.get(root, "xnnpack", "", bool, True),
         source=path,
     )
 
@@ -341,7 +344,7 @@ def _check_models(r: Reader, config: Config) -> None:
     for name, mc in config.models.items():
         p = f"models.{name}"
         try:
-            loaded[name] = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256)
+            loaded[name] = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
         except (ModelError, DaemonError) as exc:
             r.error(models_raw[name], "path", p, str(exc))
             continue

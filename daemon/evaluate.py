@@ -72,7 +72,7 @@ def validate(config: Config, route_name: str, data: Path | str, float_model: Opt
     """The report and whether it passes the gate (drop <= max_drop, accuracy >= min_accuracy)."""
     route = find_route(config, route_name)
     mc = config.models[route.model]
-    model = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256)
+    model = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
     pipe = route_pipeline(config, route, model)
     x, y = load_split(data, route)
     pred = predict(pipe, model, x)
@@ -80,7 +80,7 @@ def validate(config: Config, route_name: str, data: Path | str, float_model: Opt
               "accuracy": round(float(np.mean(pred == y)), 6), "model_sha256": model.sha256}
     ok = report["accuracy"] + _EPS >= min_accuracy
     if float_model is not None:
-        reference = Model(float_model, backend=config.runtime, require_int8=False)
+        reference = Model(float_model, backend=config.runtime, require_int8=False, xnnpack=config.xnnpack)
         float_pred = predict(pipe, reference, x)
         report["float_accuracy"] = round(float(np.mean(float_pred == y)), 6)
         report["drop"] = round(report["float_accuracy"] - report["accuracy"], 6)
@@ -104,16 +104,20 @@ class BenchRow:
 def bench_model(config: Config, route_name: str, batches: tuple[int, ...] = (1, 8), threads: Optional[list[int]] = None,
                 iterations: int = 200, backends: Optional[list[str]] = None,
                 progress: Callable[[str], None] = lambda _: None) -> list[BenchRow]:
-    """Per-invoke latency of the route's model for each backend x threads x batch."""
+    """Per-invoke latency of the route's model for each backend x threads x batch.
+
+    litert is timed with and without XNNPACK (`litert-ref`, the `xnnpack: false` setting)."""
     route = find_route(config, route_name)
     path = config.models[route.model].path
+    variants = [(b, x) for b in backends or available_backends() for x in ((True, False) if b == "litert" else (True,))]
     rows = []
-    for backend in backends or available_backends():
+    for backend, xnnpack in variants:
+        label = backend if xnnpack or backend != "litert" else "litert-ref"
         for n_threads in threads or list(range(1, (os.cpu_count() or 1) + 1)):
-            model = Model(path, backend=backend, num_threads=n_threads)
+            model = Model(path, backend=backend, num_threads=n_threads, xnnpack=xnnpack)
             for batch in batches:
-                progress(f"{backend} threads={n_threads} batch={batch}")
-                rows.append(_time_invokes(model, backend, n_threads, batch, iterations))
+                progress(f"{label} threads={n_threads} batch={batch}")
+                rows.append(_time_invokes(model, label, n_threads, batch, iterations))
     return rows
 
 
@@ -132,8 +136,9 @@ def _time_invokes(model: Model, backend: str, threads: int, batch: int, iteratio
 
 
 def format_bench(rows: list[BenchRow]) -> str:
-    head = f"{'backend':<8} {'threads':>7} {'batch':>5} {'p50 µs':>10} {'p99 µs':>10} {'µs/sample':>10}"
+    head = f"{'backend':<10} {'threads':>7} {'batch':>5} {'p50 µs':>10} {'p99 µs':>10} {'µs/sample':>10}"
     lines = [head, "-" * len(head)]
-    lines += [f"{r.backend:<8} {r.threads:>7} {r.batch:>5} {r.p50_us:>10.1f} {r.p99_us:>10.1f} {r.per_sample_us:>10.1f}"
+    lines += [f"{r.backend:<10} {r.threads:>7} {r.batch:>5} {r.p50_us:>10.1f} {r.p99_us:>10.1f} "
+              f"{r.per_sample_us:>10.1f}"
               for r in rows]
     return "\n".join(lines)

@@ -132,7 +132,7 @@ class Service:
     def _load_models(self) -> None:
         """Verify and load each model once; its digest pins the workers' copies."""
         for name, mc in self.config.models.items():
-            model = Model(mc.path, backend=self.config.runtime, expected_sha256=mc.sha256)
+            model = Model(mc.path, backend=self.config.runtime, expected_sha256=mc.sha256, xnnpack=self.config.xnnpack)
             model.warm_up()
             self._models[name] = model
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
@@ -141,7 +141,8 @@ class Service:
     def _worker_models(self, index: int) -> WorkerModels:
         models = {}
         for name, reference in self._models.items():
-            model = Model(reference.path, backend=reference.backend, expected_sha256=reference.sha256)
+            model = Model(reference.path, backend=reference.backend, expected_sha256=reference.sha256,
+                          xnnpack=reference.xnnpack)
             model.warm_up()
             models[name] = model
         return models

@@ -81,8 +81,8 @@ def main() -> int:
     with Broker() as broker, tempfile.TemporaryDirectory() as tmp:
         config = write_config(Path(tmp), cache={"enabled": False}, workers={"max": args.workers})
         print(f"activity model, {args.requests} JSON requests, mosquitto on {broker.address}")
-        daemon = run_server(f"edge-inferd/{args.workers}w", [sys.executable, "-m", "daemon", "run", "--config", str(config),
-                                            "--broker", broker.address], "edge-inferd/edge-inferd/status", broker, args)
+        cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", broker.address]
+        daemon = run_server(f"edge-inferd/{args.workers}w", cmd, "edge-inferd/edge-inferd/status", broker, args)
         naive = run_server("naive", [sys.executable, "scripts/naive_baseline.py", broker.address],
                            "edge-inferd/naive/status", broker, args)
     print(f"  ratio daemon/naive: throughput {daemon['rps'] / naive['rps']:.2f}x, "

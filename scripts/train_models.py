@@ -214,7 +214,8 @@ def make_card(spec: Spec, route: dict, steps, labels, counts, input_shape, model
         "float_size_bytes": (out / "model_float.tflite").stat().st_size,
         "sha256": file_sha256(out / "model.tflite"),
         "float_sha256": file_sha256(out / "model_float.tflite"),
-        "training": {"seed": SEED, "members": spec.members, "label_smoothing": spec.label_smoothing, "epochs": spec.epochs, "batch_size": spec.batch_size,
+        "training": {"seed": SEED, "members": spec.members, "label_smoothing": spec.label_smoothing,
+                     "epochs": spec.epochs, "batch_size": spec.batch_size,
                      "schedule": "Adam, cosine decay from 1e-3",
                      "architecture": spec.build.__name__, "tensorflow": tf.__version__,
                      "quantization": "post-training full-integer, per-channel weights, "

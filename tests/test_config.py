@@ -59,6 +59,7 @@ def test_example_config_is_valid():
     assert [r.name for r in config.routes] == ["activity", "activity-raw", "appliance", "appliance-raw"]
     assert config.mqtt.is_v5 and config.mqtt.qos == 1 and config.mqtt.port == 1883
     assert config.models["activity"].path == ROOT / "models/activity/model.tflite"
+    assert config.xnnpack is True and config.runtime == "auto"
 
 
 def test_every_error_is_reported_at_once_with_its_key_path(tmp_path):

@@ -46,7 +46,10 @@ def _inbound(topic: str, payload: bytes, mid: int, **kw) -> Inbound:
     return Inbound(topic=topic, payload=payload, qos=1, mid=mid, received_at=time.monotonic(), **kw)
 
 
-def _dispatcher(models_for_worker, workers=WorkersConfig(max=1, queue=4), stats=None):
+ONE_WORKER = WorkersConfig(max=1, queue=4)
+
+
+def _dispatcher(models_for_worker, workers=ONE_WORKER, stats=None):
     config = load_config(ROOT / "config.yaml")
     route = config.routes[0]
     pipe = route_pipeline(config, route, Model(config.models["activity"].path))

@@ -69,3 +69,14 @@ def test_backend_scores_differ_by_at_most_one_quantization_step(tflite_scores, m
     litert, tflite, scale = _both(tflite_scores, model_dir, route_name, config)
     steps = np.abs(litert - tflite) / scale
     assert steps.max() <= 1.0001, f"max {steps.max():.1f} steps on {int((steps.max(axis=1) > 1.0001).sum())} sample(s)"
+
+
+@pytest.mark.parametrize("model_dir,route_name,config", MODELS, ids=[m[1] for m in MODELS])
+def test_litert_without_xnnpack_is_bit_identical_to_tflite_runtime(tflite_scores, model_dir, route_name, config):
+    """`xnnpack: false` runs the same built-in kernels as tflite-runtime: exact parity."""
+    route = find_route(load_config(config, check_models=False), route_name)
+    model = Model(model_dir / "model.tflite", backend="litert", xnnpack=False)
+    with np.load(model_dir / "test.npz") as data:
+        x = data["x"]
+    litert = model.infer(RoutePipeline.build(route, model.sha256, []).preprocess(x))
+    assert np.array_equal(litert, tflite_scores[route_name])
