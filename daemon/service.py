@@ -49,8 +49,11 @@ def receive_maximum(workers: WorkersConfig) -> int:
     return max(1, workers.queue // RECEIVE_MAXIMUM_HEADROOM)
 
 
-class ForcedExit(Exception):
-    """A second SIGINT: stop now, without draining."""
+class ForcedExit(BaseException):
+    """A second SIGINT: stop now, without draining.
+
+    A BaseException, like KeyboardInterrupt: it usually arrives while `shutdown()` waits
+    for a step, and must pass its `except Exception` that keeps the other steps stopping."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +113,6 @@ class Service:
             except Exception:  # keep stopping the rest
                 logger.exception("shutdown step %s failed", step.name)
         logger.info("stopped; stats %s", self.stats.snapshot())
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self._on_stop_signal("SIGTERM"))

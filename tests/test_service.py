@@ -42,6 +42,18 @@ def test_a_failed_step_leaves_only_the_earlier_steps_to_stop_in_reverse():
     assert log == ["start a", "start b", "stop b", "stop a"]
 
 
+def test_a_second_sigint_during_the_drain_is_not_swallowed_by_shutdown():
+    service = Service(load_config(ROOT / "config.yaml"))
+    log: list[str] = []
+    service._on_interrupt()  # the first one started the drain
+    service.steps = lambda: [Step("a", lambda: None, lambda: log.append("stop a")),
+                             Step("drain", lambda: None, service._on_interrupt)]  # the second arrives here
+    service.startup()
+    with pytest.raises(ForcedExit):
+        service.shutdown()
+    assert log == []  # nothing more is waited for
+
+
 def test_receive_maximum_leaves_headroom_in_the_queue():
     assert receive_maximum(WorkersConfig(max=2, queue=64)) == 32
     assert receive_maximum(WorkersConfig(max=1, queue=1)) == 1
