@@ -37,6 +37,18 @@ def find_mosquitto() -> str:
     raise DaemonError("mosquitto is not installed: apt-get install mosquitto (./scripts/test.sh does this)")
 
 
+def end_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = _STOP_TIMEOUT_S) -> int:
+    """Send `sig` and wait up to `timeout_s`; kill it if it is still there. Returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_LOOPBACK, 0))
@@ -101,16 +113,9 @@ class Broker:
         self._end(signal.SIGKILL)
 
     def _end(self, sig: int) -> None:
-        if self._proc is None:
-            return
-        if self._proc.poll() is None:
-            self._proc.send_signal(sig)
-            try:
-                self._proc.wait(_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
+        if self._proc is not None:
+            end_process(self._proc, sig)
+            self._proc = None
 
     def close(self) -> None:
         self.stop()

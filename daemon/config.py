@@ -344,7 +344,7 @@ def _check_models(r: Reader, config: Config) -> None:
     for name, mc in config.models.items():
         p = f"models.{name}"
         try:
-            loaded[name] = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
+            loaded[name] = open_model(config, name)
         except (ModelError, DaemonError) as exc:
             r.error(models_raw[name], "path", p, str(exc))
             continue
@@ -371,6 +371,12 @@ def _check_route_shape(r: Reader, i: int, route: RouteConfig, model: Model) -> N
                 f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
     if route.top_k > model.num_outputs:
         r.error(m, "output", f"routes[{i}]", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
+
+
+def open_model(config: Config, name: str) -> Model:
+    """Load model `name` as the config says: its backend, pinned digest and XNNPACK setting."""
+    mc = config.models[name]
+    return Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
 
 
 def read_labels(path: Path) -> Optional[list[str]]:

@@ -28,7 +28,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon import topics
-from daemon.broker import Broker
+from daemon.broker import Broker, end_process
 from daemon.config import Config, RouteConfig, load_config, read_labels
 from daemon.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
 
@@ -206,8 +206,7 @@ def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun
 
 
 def _stop(client: Replayer, daemon: subprocess.Popen) -> bool:
-    daemon.send_signal(signal.SIGTERM)
-    code = daemon.wait(_STOP_TIMEOUT_S)
+    code = end_process(daemon, signal.SIGTERM, _STOP_TIMEOUT_S)  # killed if it hangs, never a traceback
     client.wait_for(lambda: client.status == STATUS_OFFLINE, _STOP_TIMEOUT_S)
     print(f"daemon: stopped with exit code {code}; status {client.status.decode() if client.status else '?'}")
     return code == 0 and client.status == STATUS_OFFLINE

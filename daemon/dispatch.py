@@ -53,8 +53,7 @@ class Dispatcher:
         self._stats = stats
         self._clock = clock
         self._transport: Optional[Transport] = None
-        self._bad_input_log = ThrottledLog(logger)
-        self._internal_log = ThrottledLog(logger)
+        self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
         self._pool: WorkerPool[Job, WorkerModels] = WorkerPool(
             workers.max, workers.queue, make_models, self.process)
 
@@ -78,7 +77,7 @@ class Dispatcher:
         if job is None:
             # Only our own filters are subscribed, so this is a broker-side overlap; ack it.
             self._stats.incr("unroutable")
-            self._bad_input_log.warning("unroutable", "no route matches topic %r", inbound.topic)
+            self._log.warning("unroutable", "no route matches topic %r", inbound.topic)
             self._ack(inbound)
             return
         if not self._pool.submit(job):
@@ -100,7 +99,7 @@ class Dispatcher:
             reply = pipeline.handle(job.pipe, inbound.payload, models[job.pipe.route.model].infer, self._cache,
                                     inbound.received_at, self._clock, deadline)
         except Exception as exc:  # a model or cache bug answers `internal`, it never kills the worker
-            self._internal_log.warning(job.pipe.route.name, "internal error on %r", inbound.topic, exc_info=True)
+            self._log.warning(f"internal:{job.pipe.route.name}", "internal error on %r", inbound.topic, exc_info=True)
             request_id = codecs.peek_id(inbound.payload, job.pipe.route.input)
             reply = job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
         self._reply(job, reply)
@@ -110,8 +109,8 @@ class Dispatcher:
         error = reply.get("error")
         if error:
             self._stats.incr(f"errors.{error['code']}")
-            self._bad_input_log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,
-                                        error["code"], error["message"])
+            self._log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,
+                              error["code"], error["message"])
         else:
             self._stats.incr("results")
             self._stats.incr("cache_hits" if reply["cached"] else "inferences")

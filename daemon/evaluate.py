@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from daemon.config import Config, RouteConfig, read_labels
+from daemon.config import Config, RouteConfig, open_model, read_labels
 from daemon.errors import DaemonError, ModelError
 from daemon.pipeline import RoutePipeline, infer_batch
 from daemon.runtime import Model, available_backends
@@ -71,8 +71,7 @@ def validate(config: Config, route_name: str, data: Path | str, float_model: Opt
              max_drop: float = 0.01, min_accuracy: float = 0.0) -> tuple[dict, bool]:
     """The report and whether it passes the gate (drop <= max_drop, accuracy >= min_accuracy)."""
     route = find_route(config, route_name)
-    mc = config.models[route.model]
-    model = Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
+    model = open_model(config, route.model)
     pipe = route_pipeline(config, route, model)
     x, y = load_split(data, route)
     pred = predict(pipe, model, x)

@@ -82,8 +82,7 @@ class MqttLink:
         if config.username is not None:
             self._client.username_pw_set(config.username, config.password)
         self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
-        # paho takes whole seconds here.
-        self._client.reconnect_delay_set(int(config.reconnect_min_s), int(config.reconnect_max_s))
+        self._client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from daemon.cache import ResultCache
-from daemon.config import Config, WorkersConfig, read_labels
+from daemon.config import Config, WorkersConfig, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import ModelError
 from daemon.mqtt import MqttLink
@@ -132,7 +132,7 @@ class Service:
     def _load_models(self) -> None:
         """Verify and load each model once; its digest pins the workers' copies."""
         for name, mc in self.config.models.items():
-            model = Model(mc.path, backend=self.config.runtime, expected_sha256=mc.sha256, xnnpack=self.config.xnnpack)
+            model = open_model(self.config, name)
             model.warm_up()
             self._models[name] = model
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.broker import Broker  # noqa: E402
+from daemon.broker import Broker, end_process  # noqa: E402
 from tests.integration.conftest import Client, write_config  # noqa: E402
 
 LATENCY_REQUESTS = 300
@@ -68,8 +68,7 @@ def run_server(name: str, cmd: list[str], status: str, broker: Broker, args) -> 
         return {"p50_ms": p50, "p99_ms": p99, "rps": rate}
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(30)
+        end_process(proc)
 
 
 def main() -> int:

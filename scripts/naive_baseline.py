@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -21,26 +22,37 @@ import paho.mqtt.client as paho  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 
 from daemon import preprocess, topics  # noqa: E402
-from daemon.config import load_config  # noqa: E402
+from daemon.config import RouteConfig, load_config  # noqa: E402
 from daemon.mqtt import disable_nagle  # noqa: E402
 from daemon.runtime import Model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(broker: str) -> None:
+def make_answer() -> tuple[RouteConfig, Callable[[bytes], str]]:
+    """The activity route and the naive per-message body: JSON in, reply JSON out.
+
+    scripts/profile_worker.py times this same function against the daemon's worker path."""
     config = load_config(ROOT / "config.yaml")
     route = next(r for r in config.routes if r.name == "activity")
     model = Model(config.models["activity"].path)
     labels = (ROOT / "models/activity/labels.txt").read_text().split()
 
-    def on_message(client, userdata, msg):
-        req = json.loads(msg.payload)
+    def answer(payload: bytes) -> str:
+        req = json.loads(payload)
         x = np.asarray(req["data"], dtype=np.float32).reshape((1,) + route.input.shape)
         scores = model.infer(preprocess.apply_steps(route.preprocess, x))[0]
-        reply = {"id": req["id"], "label": labels[int(scores.argmax())], "score": float(scores.max())}
+        return json.dumps({"id": req["id"], "label": labels[int(scores.argmax())], "score": float(scores.max())})
+
+    return route, answer
+
+
+def main(broker: str) -> None:
+    route, answer = make_answer()
+
+    def on_message(client, userdata, msg):
         captures = topics.match(route.subscribe, msg.topic)
-        client.publish(topics.render(route.publish, msg.topic, captures), json.dumps(reply), qos=1)
+        client.publish(topics.render(route.publish, msg.topic, captures), answer(msg.payload), qos=1)
 
     host, port = broker.rsplit(":", 1)
     client = paho.Client(CallbackAPIVersion.VERSION2, client_id="naive", protocol=paho.MQTTv5)

@@ -21,10 +21,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon import codecs, pipeline, preprocess  # noqa: E402
+from daemon import codecs, pipeline  # noqa: E402
 from daemon.config import load_config  # noqa: E402
 from daemon.evaluate import find_route, route_pipeline  # noqa: E402
 from daemon.runtime import Model  # noqa: E402
+from naive_baseline import make_answer  # noqa: E402  (scripts/ is on sys.path when run)
 
 
 def per_call_us(fn, n: int) -> float:
@@ -50,11 +51,10 @@ def main() -> int:
     def worker_path() -> bytes:
         return codecs.encode(pipeline.handle(pipe, payload, model.infer, None, time.monotonic(), time.monotonic))
 
+    _, naive_answer = make_answer()  # the very function scripts/naive_baseline.py runs per message
+
     def naive_body() -> str:
-        req = json.loads(payload)
-        x = np.asarray(req["data"], dtype=np.float32).reshape((1,) + route.input.shape)
-        scores = model.infer(preprocess.apply_steps(route.preprocess, x))[0]
-        return json.dumps({"id": req["id"], "label": pipe.labels[int(scores.argmax())], "score": float(scores.max())})
+        return naive_answer(payload)
 
     decode_only = per_call_us(lambda: json.loads(payload), args.n)
     worker, naive = per_call_us(worker_path, args.n), per_call_us(naive_body, args.n)

@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from daemon.broker import Broker
+from daemon.broker import Broker, end_process
 from daemon.mqtt import disable_nagle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,15 +128,9 @@ class Daemon:
                                      env=env, cwd=ROOT)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = end_process(self.proc, sig, WAIT_S)
         self._log.close()
-        return self.proc.returncode
+        return code
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
