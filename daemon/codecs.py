@@ -58,7 +58,8 @@ def _decode_json(payload: bytes) -> tuple[Any, np.ndarray, Optional[float]]:
                                    or not timeout_ms >= 0):
         raise PayloadError(BAD_PAYLOAD, "timeout_ms must be a non-negative number of milliseconds", request_id)
     try:
-        array = np.asarray(obj["data"], dtype=np.float64)
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf: refused as bad_payload in _conform
+            array = np.asarray(obj["data"], dtype=np.float32)
     except (ValueError, TypeError) as exc:
         # numpy says "inhomogeneous shape" for ragged lists: that is a shape problem.
         code = BAD_SHAPE if "inhomogeneous" in str(exc) else BAD_PAYLOAD
@@ -107,9 +108,11 @@ def _conform(array: np.ndarray, spec: InputConfig, request_id: Any) -> np.ndarra
     if array.size != expected:
         raise PayloadError(BAD_SHAPE, f"data has {array.size} values; shape {list(spec.shape)} needs {expected}",
                            request_id)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise PayloadError(BAD_PAYLOAD, "data contains NaN or infinity", request_id)
-    return array.reshape(spec.shape).astype(np.float32)
+    with np.errstate(over="ignore"):  # values beyond float32 become inf here and are refused below
+        data = array.reshape(spec.shape).astype(np.float32, copy=False)
+    if not np.isfinite(data).all():
+        raise PayloadError(BAD_PAYLOAD, "data contains NaN or infinity, or values beyond float32", request_id)
+    return data
 
 
 def peek_id(payload: bytes, spec: InputConfig) -> Any:

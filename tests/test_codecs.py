@@ -52,6 +52,7 @@ def test_size_limit_is_checked_before_parsing():
     (b'{"id": 1, "data": [[1, 2], [3]]}', "bad_shape"),
     (b'{"id": 1, "data": [NaN, 1, 2, 3, 4, 5, 6, 7]}', "bad_payload"),
     (b'{"id": 1, "data": [1, 2, 3, 4, 5, 6, 7, Infinity]}', "bad_payload"),
+    (b'{"id": 1, "data": [1, 2, 3, 4, 5, 6, 7, 1e300]}', "bad_payload"),  # finite in JSON, inf in float32
     (b'{"id": 1, "timeout_ms": -5, "data": [1, 2, 3, 4, 5, 6, 7, 8]}', "bad_payload"),
 ])
 def test_bad_json_requests(payload, code):
@@ -62,6 +63,12 @@ def test_errors_keep_the_request_id_when_it_was_readable():
     with pytest.raises(PayloadError) as err:
         codecs.decode(b'{"id": "abc", "data": [1]}', SPEC)
     assert err.value.request_id == "abc"
+
+
+def test_float64_npy_beyond_float32_is_refused():
+    buf = io.BytesIO()
+    np.save(buf, np.full((4, 2), 1e300))
+    assert _code(buf.getvalue(), InputConfig(format="npy", shape=(4, 2))) == "bad_payload"
 
 
 def test_bad_raw_and_npy():
