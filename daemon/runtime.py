@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -145,8 +146,24 @@ def _read_model(path: Path) -> bytes:
     return data
 
 
+# Batch sizes an interpreter is kept for: powers of two up to `max_batch`. A batch of
+# another size is padded up or split into these, so no interpreter is ever reallocated
+# on the request path (resize + allocate_tensors costs far more than an invoke).
+_WARM_UP_ROUNDS = 5
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to and including `max_batch` (which need not be a power of two)."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_batch)
+    return tuple(sizes)
+
+
 class Model:
-    """One loaded model with one interpreter. Not thread-safe: one per worker."""
+    """One loaded model, with one interpreter per batch bucket. Not thread-safe: one per worker."""
 
     def __init__(
         self,
@@ -157,6 +174,7 @@ class Model:
         expected_sha256: Optional[str] = None,
         require_int8: bool = True,
         xnnpack: bool = True,
+        max_batch: int = 1,
         interpreter_factory: Optional[InterpreterFactory] = None,
     ):
         self.path = Path(path)
@@ -165,14 +183,15 @@ class Model:
         if expected_sha256 and expected_sha256.lower() != self.sha256:
             raise ModelError(self.path, f"sha256 mismatch: expected {expected_sha256}, file has {self.sha256}")
         self.backend = "fake" if interpreter_factory else resolve_backend(backend)
-        factory = interpreter_factory or _interpreter_class(self.backend)
         self.xnnpack = xnnpack
+        factory = interpreter_factory or _interpreter_class(self.backend)
+        options = _resolver_options(self.backend, xnnpack)
+        self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
         try:
-            options = _resolver_options(self.backend, xnnpack)
-            self._interp = factory(model_content=data, num_threads=num_threads, **options)
-            self._interp.allocate_tensors()
-            inputs = self._interp.get_input_details()
-            outputs = self._interp.get_output_details()
+            interp = self._new_interpreter()
+            interp.allocate_tensors()
+            inputs = interp.get_input_details()
+            outputs = interp.get_output_details()
         except (ValueError, RuntimeError) as exc:
             raise ModelError(self.path, f"{self.backend} rejected the model: {exc}") from None
         if len(inputs) != 1 or len(outputs) != 1:
@@ -181,7 +200,12 @@ class Model:
         self.output = TensorSpec.from_details(outputs[0])
         if require_int8:
             self._check_int8()
-        self._batch = self.input.shape[0]
+        native = self.input.shape[0]
+        self._interps: dict[int, Any] = {native: interp}
+        self.buckets = bucket_sizes(max_batch) if self.batchable else (native,)
+        # Cost model of one invoke, a * n + b seconds (measured by warm_up): picks padding or splitting.
+        self.cost_per_sample_s = 0.0
+        self.cost_per_invoke_s = 0.0
 
     def _check_int8(self) -> None:
         for role, spec in (("input", self.input), ("output", self.output)):
@@ -203,25 +227,90 @@ class Model:
         """True when the model's batch dimension is dynamic, so one invoke can run N samples."""
         return bool(self.input.signature) and self.input.signature[0] == -1
 
-    def infer(self, batch: np.ndarray) -> np.ndarray:
-        """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""
+    def quantize(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, *sample_shape) in model units -> the model's input tensor (INT8)."""
         batch = np.asarray(batch, dtype=np.float32)
         if batch.shape[1:] != self.sample_shape:
             raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {self.sample_shape}")
-        if self.batchable or batch.shape[0] == self._batch:
-            return self._invoke(batch)
-        return np.concatenate([self._invoke(batch[i : i + 1]) for i in range(batch.shape[0])])
+        return self.input.to_model(batch)
 
-    def _invoke(self, batch: np.ndarray) -> np.ndarray:
-        if batch.shape[0] != self._batch:
-            self._interp.resize_tensor_input(self.input.index, list(batch.shape))
-            self._interp.allocate_tensors()
-            self._batch = batch.shape[0]
-        self._interp.set_tensor(self.input.index, self.input.to_model(batch))
-        self._interp.invoke()
-        raw = self._interp.get_tensor(self.output.index)
-        return self.output.from_model(raw).reshape(batch.shape[0], -1)
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""
+        return self.infer_quantized(self.quantize(batch))
+
+    def infer_quantized(self, q: np.ndarray) -> np.ndarray:
+        """Input tensors (N, *sample_shape) -> float32 scores (N, num_outputs), in bucket-sized invokes.
+
+        Each row's scores depend on that row alone (padding rows are zeros and dropped), so a
+        sample scores the same in any batch: tests/test_runtime.py checks it bit for bit."""
+        n = q.shape[0]
+        out = np.empty((n, self.num_outputs), dtype=np.float32)
+        start = 0
+        for size in self.plan(n):
+            chunk = q[start : start + size]
+            rows = chunk.shape[0]
+            if rows < size:
+                chunk = np.concatenate([chunk, np.zeros((size - rows,) + chunk.shape[1:], chunk.dtype)])
+            out[start : start + rows] = self._invoke(chunk)[:rows]
+            start += rows
+        return out
+
+    def plan(self, n: int) -> list[int]:
+        """Bucket sizes whose invokes cover n samples: full largest buckets, then the remainder
+        either padded up to one bucket or split into several, whichever the cost model says is cheaper."""
+        largest = self.buckets[-1]
+        sizes = [largest] * (n // largest)
+        rest = n - len(sizes) * largest
+        if rest:
+            padded = next(b for b in self.buckets if b >= rest)
+            split = self._split(rest)
+            pad_cost = self.cost_per_sample_s * padded + self.cost_per_invoke_s
+            split_cost = self.cost_per_sample_s * rest + self.cost_per_invoke_s * len(split)
+            sizes += [padded] if pad_cost <= split_cost else split
+        return sizes
+
+    def _split(self, n: int) -> list[int]:
+        parts = []
+        for size in reversed(self.buckets):
+            while n >= size:
+                parts.append(size)
+                n -= size
+        return parts
+
+    def _interpreter(self, size: int) -> Any:
+        interp = self._interps.get(size)
+        if interp is None:
+            interp = self._new_interpreter()
+            interp.resize_tensor_input(self.input.index, [size, *self.sample_shape])
+            interp.allocate_tensors()
+            self._interps[size] = interp
+        return interp
+
+    def _invoke(self, q: np.ndarray) -> np.ndarray:
+        interp = self._interpreter(q.shape[0])
+        interp.set_tensor(self.input.index, q)
+        interp.invoke()
+        raw = interp.get_tensor(self.output.index)
+        return self.output.from_model(raw).reshape(q.shape[0], -1)
 
     def warm_up(self) -> None:
-        """One invoke on zeros: the interpreter's arena grows at the first invoke."""
-        self.infer(np.zeros((1,) + self.sample_shape, dtype=np.float32))
+        """Build and run every bucket's interpreter once (arenas grow at the first invoke), then
+        time the smallest and largest bucket for the pad-or-split cost model."""
+        zeros = {size: np.zeros((size, *self.sample_shape), self.input.dtype) for size in self.buckets}
+        for size in self.buckets:
+            self._invoke(zeros[size])
+        small, large = self.buckets[0], self.buckets[-1]
+        t_small, t_large = (self._time(zeros[s]) for s in (small, large))
+        if large > small:
+            self.cost_per_sample_s = max(0.0, (t_large - t_small) / (large - small))
+        else:
+            self.cost_per_sample_s = t_small / small
+        self.cost_per_invoke_s = max(0.0, t_small - self.cost_per_sample_s * small)
+
+    def _time(self, q: np.ndarray) -> float:
+        best = float("inf")
+        for _ in range(_WARM_UP_ROUNDS):
+            start = time.perf_counter()
+            self._invoke(q)
+            best = min(best, time.perf_counter() - start)
+        return best

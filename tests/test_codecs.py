@@ -82,12 +82,54 @@ def test_bad_raw_and_npy():
     assert _code(buf.getvalue(), InputConfig(format="npy", shape=(4, 2))) == "bad_payload"  # never unpickled
 
 
-def test_peek_id_and_encoding():
-    assert codecs.peek_id(b'{"id": 5, "data": []}', SPEC) == 5
-    assert codecs.peek_id(b"junk", SPEC) is None
+@pytest.mark.parametrize("payload,expected", [
+    (b'{"id": 5, "data": []}', 5),
+    (b'{ "id" : "dev-7\\"x", "data": [1]}', 'dev-7"x'),
+    (b'{"data": [1], "id": null}', None),
+    (b'{"id": -1.5e3}', -1500.0),
+    (b'{"id": true, "data": 1}', True),
+    (b'{"id": {"nested": 1}, "data": 1}', None),  # only scalars are scanned
+    (b"junk", None),
+    (b'{"data": [' + b"1, " * 200 + b'1], "id": 9}', None),  # beyond the scanned prefix
+])
+def test_scan_id_reads_a_leading_scalar_id_without_parsing_the_payload(payload, expected):
+    assert codecs.scan_id(payload, SPEC) == expected
+
+
+def test_scan_id_is_none_for_binary_formats_and_encode_is_compact_json():
+    assert codecs.scan_id(b'{"id": 5}', InputConfig(format="raw", shape=(1,))) is None
     reply = codecs.error_reply(5, "r", "overloaded", "full")
     expected = {"id": 5, "route": "r", "error": {"code": "overloaded", "message": "full"}}
     assert json.loads(codecs.encode(reply)) == expected
+
+
+def test_deeply_nested_json_is_bad_payload_not_a_crash():
+    deep = b'{"id": "deep", "data": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}"
+    assert _code(deep, InputConfig(format="json", shape=(4, 2))) == "bad_payload"
+
+
+def test_a_readable_id_is_kept_when_data_is_missing():
+    with pytest.raises(PayloadError) as err:
+        codecs.decode(b'{"id": "x"}', SPEC)
+    assert err.value.code == "bad_payload" and err.value.request_id == "x"
+
+
+@pytest.mark.parametrize("data,code", [
+    ([[1, 2], [3]], "bad_shape"),           # ragged rows
+    ([[1, 2], 3], "bad_shape"),             # a number beside a row
+    ([[1, 2], ["a", "b"]], "bad_payload"),  # strings
+    ([[1, None], [2, 3]], "bad_payload"),
+])
+def test_nested_lists_must_be_rectangular_and_numeric(data, code):
+    assert _code(json.dumps({"id": 1, "data": data}).encode(), InputConfig(format="json", shape=(2, 2))) == code
+
+
+def test_nested_and_flat_lists_give_the_same_array():
+    values = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    spec = InputConfig(format="json", shape=(2, 3, 2))
+    nested = codecs.decode(json.dumps({"data": values.tolist()}).encode(), spec).data
+    flat = codecs.decode(json.dumps({"data": values.ravel().tolist()}).encode(), spec).data
+    assert np.array_equal(nested, values) and np.array_equal(flat, values)
 
 
 def _png(array: np.ndarray) -> bytes:

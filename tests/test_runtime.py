@@ -41,13 +41,28 @@ def test_model_reads_io_details_and_digest():
     assert model.batchable and len(model.sha256) == 64
 
 
-def test_batch_resize_gives_the_same_scores_as_single_invokes():
-    model = Model(ACTIVITY)
-    x = np.random.default_rng(1).standard_normal((5, 50, 6)).astype(np.float32)
-    batched = model.infer(x)
-    single = np.concatenate([model.infer(x[i : i + 1]) for i in range(5)])
-    assert np.array_equal(batched, single)
-    assert np.allclose(batched.sum(axis=1), 1.0, atol=0.05)  # dequantized softmax
+@pytest.mark.parametrize("path", [ACTIVITY, ROOT / "models/appliance/model.tflite"], ids=["activity", "appliance"])
+def test_every_batch_size_scores_bit_identically_to_one_by_one(path):
+    """Padded (e.g. 5 -> 8) and split (e.g. 5 -> 4 + 1) invokes both give batch-1 results, bit for bit."""
+    model = Model(path, max_batch=8)
+    model.warm_up()
+    x = np.random.default_rng(1).standard_normal((19,) + model.sample_shape).astype(np.float32)
+    single = np.concatenate([model.infer(x[i : i + 1]) for i in range(len(x))])
+    for n in (2, 3, 5, 8, 19):
+        assert np.array_equal(model.infer(x[:n]), single[:n]), f"batch of {n}"
+    for pad_cheaper in (True, False):  # force each remainder strategy
+        model.cost_per_sample_s, model.cost_per_invoke_s = (0.0, 1.0) if pad_cheaper else (1.0, 0.0)
+        assert model.plan(5) == ([8] if pad_cheaper else [4, 1])
+        assert np.array_equal(model.infer(x[:5]), single[:5])
+    assert np.allclose(single.sum(axis=1), 1.0, atol=0.05)  # dequantized softmax
+
+
+def test_plan_uses_full_buckets_then_the_remainder():
+    model = Model(ACTIVITY, max_batch=32)
+    assert model.buckets == (1, 2, 4, 8, 16, 32)
+    model.cost_per_sample_s, model.cost_per_invoke_s = 1.0, 0.0
+    assert model.plan(70) == [32, 32, 4, 2]
+    assert Model(ACTIVITY, max_batch=12).buckets == (1, 2, 4, 8, 12)
 
 
 def test_wrong_input_shape_is_refused():
