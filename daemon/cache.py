@@ -63,12 +63,10 @@ class SafeJSONDisk(diskcache.Disk):
         return json.loads(super().fetch(mode, filename, value, False))
 
 
-def make_key(model_sha256: str, preprocessing: str, tensor: np.ndarray) -> str:
-    """sha256 over the model digest, the canonical preprocessing JSON and the tensor."""
-    digest = hashlib.sha256()
-    for part in (model_sha256, preprocessing, str(tensor.dtype), repr(tensor.shape)):
-        digest.update(part.encode())
-        digest.update(b"\0")
+def make_key(model_sha256: str, tensor: np.ndarray) -> str:
+    """sha256 over the model digest and its INT8 input tensor (one sample)."""
+    digest = hashlib.sha256(model_sha256.encode())
+    digest.update(repr(tensor.shape).encode())
     digest.update(np.ascontiguousarray(tensor).tobytes())
     return digest.hexdigest()
 

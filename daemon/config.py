@@ -11,7 +11,7 @@ Every problem is collected and raised at once as `ConfigError` with lines of the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -22,7 +22,8 @@ from daemon.errors import ConfigError, DaemonError, ModelError
 from daemon.runtime import RUNTIME_CHOICES, Model
 
 DEFAULT_PORT = 1883
-DEFAULT_MAX_BYTES = 1 << 20  # 1 MiB: payloads above it are answered `too_large` undecoded
+_MIB = 1 << 20
+DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` undecoded
 INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
@@ -119,11 +120,28 @@ class CacheConfig:
 @dataclass(frozen=True)
 class WorkersConfig:
     max: int = os.cpu_count() or 1
-    """Worker threads; each owns one interpreter per model."""
-    queue: int = 64
-    """Bounded queue length; a request that finds it full is answered `overloaded`."""
+    """Worker threads; each owns one interpreter per model and batch bucket."""
+    queue_mb: float = 64.0
+    """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
+    that fits is served however many messages it holds; past it requests are `overloaded`."""
+    max_wait_ms: float = 2000.0
+    """A request whose predicted wait (work queued ahead x measured cost / workers) exceeds
+    this is answered `overloaded` at once, instead of being served late."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long queued and in-flight work may take."""
+
+    @property
+    def queue_bytes(self) -> int:
+        return int(self.queue_mb * _MIB)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch: int = 32
+    """A worker takes up to this many queued requests at once and runs one invoke per model."""
+    max_delay_ms: float = 0.0
+    """How long a worker may wait for more requests to fill a batch (0: take what is queued,
+    never wait). The wait never passes the earliest deadline in the batch."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +152,7 @@ class Config:
     routes: tuple[RouteConfig, ...]
     cache: CacheConfig
     workers: WorkersConfig
+    batching: BatchingConfig = BatchingConfig()
     xnnpack: bool = True
     """litert only: False runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
     source: Optional[Path] = None
@@ -176,7 +195,8 @@ def load_config(path: Path | str, check_models: bool = True) -> Config:
 
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
-    root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers"), required=True)
+    root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
+                                         "batching"), required=True)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
         mqtt=_read_mqtt(r, r.section(root, "mqtt", MqttConfig)),
@@ -184,7 +204,8 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         models=MappingProxyType(_read_models(r, root, base)),
         routes=_read_routes(r, root),
         cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
-        workers=_read_workers(r, r.section(root, "workers", WorkersConfig)),
+        workers=_read_workers(r, r.section(root, "workers", (*_field_names(WorkersConfig), "queue"))),
+        batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
         xnnpack=r.get(root, "xnnpack", "", bool, True),
         source=path,
     )
@@ -310,11 +331,27 @@ def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
 
 def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
     p, d = "workers", WorkersConfig()
+    if "queue" in m:
+        r.error(m, "queue", p, "replaced by workers.queue_mb: queued requests are bounded by their bytes, "
+                "and overload by workers.max_wait_ms")
     return WorkersConfig(
         max=r.get(m, "max", p, int, d.max, minimum=1),
-        queue=r.get(m, "queue", p, int, d.queue, minimum=1),
+        queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=1),
+        max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
     )
+
+
+def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:
+    p, d = "batching", BatchingConfig()
+    return BatchingConfig(
+        max_batch=r.get(m, "max_batch", p, int, d.max_batch, minimum=1),
+        max_delay_ms=r.get(m, "max_delay_ms", p, (int, float), d.max_delay_ms, minimum=0),
+    )
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def _cross_check(r: Reader, config: Config, check_models: bool) -> None:
@@ -376,7 +413,8 @@ def _check_route_shape(r: Reader, i: int, route: RouteConfig, model: Model) -> N
 def open_model(config: Config, name: str) -> Model:
     """Load model `name` as the config says: its backend, pinned digest and XNNPACK setting."""
     mc = config.models[name]
-    return Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack)
+    return Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack,
+                 max_batch=config.batching.max_batch)
 
 
 def read_labels(path: Path) -> Optional[list[str]]:

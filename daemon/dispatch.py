@@ -1,29 +1,37 @@
-"""Routing and the life of one request: match -> queue (or shed) -> worker -> reply -> ack.
+"""Routing and the life of a request: match -> admit (or shed) -> batch -> reply -> ack.
 
-`on_message` runs on paho's network thread and is O(1) apart from the topic match:
-no decoding, no I/O. A request that cannot be queued is answered `overloaded` right
-away, so nothing is dropped silently. `process` runs on a worker thread with that
-worker's own interpreters. Every request gets exactly one reply, and is acked only
-after that reply was handed to the MQTT client.
+`on_message` runs on paho's network thread and is O(1) apart from the topic match
+(remembered per topic): no decoding, no I/O. A request that admission refuses is
+answered `overloaded` or `expired` right away, with its id read by a prefix scan, so
+nothing is dropped silently. `process` runs on a worker thread with that worker's own
+interpreters, on a batch of jobs: per route, the pure pipeline, then every reply is
+published and each request acked after its reply; cache writes go last, off the
+reply path. Every request gets exactly one reply.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from daemon import codecs, pipeline, topics
-from daemon.config import WorkersConfig
-from daemon.errors import INTERNAL, OVERLOADED
+from daemon.admission import Admission, Refusal, Ticket
+from daemon.config import BatchingConfig, WorkersConfig
+from daemon.errors import INTERNAL
 from daemon.mqtt import Inbound
-from daemon.pipeline import RoutePipeline, ScoreCache
+from daemon.pipeline import Outcome, Request, RoutePipeline, ScoreCache
 from daemon.runtime import Model
 from daemon.stats import Stats, ThrottledLog
 from daemon.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
+
+# Request topics whose route and reply topic are remembered (devices seen recently).
+ROUTE_MEMO_SIZE = 4096
 
 
 class Transport(Protocol):
@@ -37,29 +45,43 @@ class Job:
     pipe: RoutePipeline
     inbound: Inbound
     reply_topic: str
+    ticket: Ticket
+
+    @property
+    def deadline(self) -> Optional[float]:
+        expiry = self.inbound.expiry_s
+        return self.inbound.received_at + expiry if expiry else None
 
 
 WorkerModels = Mapping[str, Model]  # one worker's private interpreters, by model name
 
 
 class Dispatcher:
-    """Owns the worker pool; turns inbound messages into exactly one reply each."""
+    """Owns admission and the worker pool; turns inbound messages into exactly one reply each."""
 
     def __init__(self, pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats,
                  workers: WorkersConfig, make_models: Callable[[int], WorkerModels],
-                 clock: Callable[[], float] = time.monotonic):
+                 batching: BatchingConfig = BatchingConfig(), clock: Callable[[], float] = time.monotonic):
         self._pipes = tuple(pipes)
         self._cache = cache
         self._stats = stats
         self._clock = clock
         self._transport: Optional[Transport] = None
         self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
+        self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
+        self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.max,
+                                   batching.max_batch, clock)
         self._pool: WorkerPool[Job, WorkerModels] = WorkerPool(
-            workers.max, workers.queue, make_models, self.process)
+            workers.max, make_models, self.process, batching.max_batch, batching.max_delay_ms / 1000.0,
+            deadline_of=lambda job: job.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock)
 
     @property
     def filters(self) -> list[str]:
         return [p.route.subscribe for p in self._pipes]
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool
 
     def attach(self, transport: Transport) -> None:
         self._transport = transport
@@ -71,41 +93,86 @@ class Dispatcher:
         return self._pool.stop(timeout_s)
 
     def on_message(self, inbound: Inbound) -> None:
-        """paho thread: route and queue, or answer `overloaded` when the queue is full."""
+        """paho thread: route and admit, or answer at once (O(1): no parsing)."""
         self._stats.incr("received")
-        job = self._route(inbound)
-        if job is None:
+        found = self._route(inbound.topic)
+        if found is None:
             # Only our own filters are subscribed, so this is a broker-side overlap; ack it.
             self._stats.incr("unroutable")
             self._log.warning("unroutable", "no route matches topic %r", inbound.topic)
             self._ack(inbound)
             return
-        if not self._pool.submit(job):
-            request_id = codecs.peek_id(inbound.payload, job.pipe.route.input)
-            self._reply(job, job.pipe.error(request_id, OVERLOADED, "worker queue is full; retry later"))
+        pipe, reply_topic = found
+        deadline = inbound.received_at + inbound.expiry_s if inbound.expiry_s else None
+        verdict = self.admission.admit(pipe.route.name, len(inbound.payload), deadline)
+        if isinstance(verdict, Refusal):
+            self._shed(pipe, inbound, reply_topic, verdict)
+        elif not self._pool.submit(Job(pipe, inbound, reply_topic, verdict)):
+            self.admission.release(verdict)  # stopping: leave it unacked for redelivery
 
-    def _route(self, inbound: Inbound) -> Optional[Job]:
+    def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
+        request_id = codecs.scan_id(inbound.payload, pipe.route.input)
+        self._send(inbound, reply_topic, pipe.error(request_id, refusal.code, refusal.message))
+
+    def _route(self, topic: str) -> Optional[tuple[RoutePipeline, str]]:
+        found = self._routes.get(topic)
+        if found is not None:
+            return found
         for pipe in self._pipes:
-            captures = topics.match(pipe.route.subscribe, inbound.topic)
+            captures = topics.match(pipe.route.subscribe, topic)
             if captures is not None:
-                return Job(pipe, inbound, topics.render(pipe.route.publish, inbound.topic, captures))
+                found = (pipe, topics.render(pipe.route.publish, topic, captures))
+                self._routes[topic] = found
+                if len(self._routes) > ROUTE_MEMO_SIZE:
+                    self._routes.popitem(last=False)
+                return found
         return None
 
-    def process(self, models: WorkerModels, job: Job) -> None:
-        """Worker thread: the pure pipeline, then exactly one reply."""
-        inbound = job.inbound
-        deadline = inbound.received_at + inbound.expiry_s if inbound.expiry_s else None
-        try:
-            reply = pipeline.handle(job.pipe, inbound.payload, models[job.pipe.route.model].infer, self._cache,
-                                    inbound.received_at, self._clock, deadline)
-        except Exception as exc:  # a model or cache bug answers `internal`, it never kills the worker
-            self._log.warning(f"internal:{job.pipe.route.name}", "internal error on %r", inbound.topic, exc_info=True)
-            request_id = codecs.peek_id(inbound.payload, job.pipe.route.input)
-            reply = job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
-        self._reply(job, reply)
+    def process(self, models: WorkerModels, jobs: list[Job]) -> None:
+        """Worker thread: a batch of jobs -> per route, the pure pipeline, then one reply each."""
+        now = self._clock()
+        groups: dict[str, list[Job]] = {}
+        for job in jobs:
+            self.admission.release(job.ticket)
+            self._stats.observe_stage("queue", now - job.inbound.received_at)
+            groups.setdefault(job.pipe.route.name, []).append(job)
+        self._stats.observe_batch(len(jobs))
+        for group in groups.values():
+            self._process_group(models[group[0].pipe.route.model], group)
 
-    def _reply(self, job: Job, reply: dict) -> None:
-        inbound = job.inbound
+    def _process_group(self, model: Model, group: list[Job]) -> None:
+        started = self._clock()
+        outcome = self._run_pipeline(model, group)
+        for stage, seconds in outcome.stages.items():
+            self._stats.observe_stage(stage, seconds)
+        published = self._clock()
+        for job, reply in zip(group, outcome.replies):
+            self._send(job.inbound, job.reply_topic, reply)
+        done = self._clock()
+        self._stats.observe_stage("publish", done - published)
+        self.admission.observe(group[0].pipe.route.name, len(group), done - started)
+        if self._cache is not None and outcome.fresh:
+            self._cache.put_many(outcome.fresh)  # after the replies: never on the reply path
+
+    def _run_pipeline(self, model: Model, group: list[Job]) -> Outcome:
+        pipe = group[0].pipe
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.deadline) for j in group]
+        try:
+            return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock)
+        except Exception:  # a model or cache bug: isolate the request that causes it
+            if len(group) == 1:
+                return Outcome([self._internal(group[0], sys.exc_info()[1])])
+            outcomes = [self._run_pipeline(model, [job]) for job in group]
+            return Outcome([o.replies[0] for o in outcomes], [e for o in outcomes for e in o.fresh])
+
+    def _internal(self, job: Job, exc: Optional[BaseException]) -> dict:
+        """The `internal` reply for a request whose processing raised (logged, throttled)."""
+        route = job.pipe.route.name
+        self._log.warning(f"internal:{route}", "internal error on %r", job.inbound.topic, exc_info=True)
+        request_id = codecs.scan_id(job.inbound.payload, job.pipe.route.input)
+        return job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _send(self, inbound: Inbound, reply_topic: str, reply: dict) -> None:
         error = reply.get("error")
         if error:
             self._stats.incr(f"errors.{error['code']}")
@@ -115,7 +182,7 @@ class Dispatcher:
             self._stats.incr("results")
             self._stats.incr("cache_hits" if reply["cached"] else "inferences")
             self._stats.observe_latency(reply["latency_ms"])
-        topic = inbound.response_topic or job.reply_topic
+        topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.publish(topic, codecs.encode(reply), correlation_data=inbound.correlation_data)
         self._ack(inbound)

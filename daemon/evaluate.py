@@ -17,7 +17,7 @@ import numpy as np
 
 from daemon.config import Config, RouteConfig, open_model, read_labels
 from daemon.errors import DaemonError, ModelError
-from daemon.pipeline import RoutePipeline, infer_batch
+from daemon.pipeline import RoutePipeline
 from daemon.runtime import Model, available_backends
 
 # Samples per invoke when scoring a whole split (the models' batch dimension is dynamic).
@@ -61,8 +61,7 @@ def predict(pipe: RoutePipeline, model: Model, x: np.ndarray) -> np.ndarray:
     """Top-1 index per sample through the route's pipeline (no cache)."""
     out = []
     for start in range(0, len(x), _EVAL_BATCH):
-        tensors = pipe.preprocess(x[start : start + _EVAL_BATCH])
-        scores, _ = infer_batch(pipe, tensors, model.infer, None)
+        scores = model.infer(pipe.preprocess(x[start : start + _EVAL_BATCH]))
         out.extend(int(pipe.postprocess(s, None, False, 0.0)["index"]) for s in scores)
     return np.array(out, dtype=np.int64)
 

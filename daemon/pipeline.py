@@ -1,15 +1,18 @@
-"""The pure request path: bytes -> decode -> preprocess -> cache -> infer -> result.
+"""The pure request path: a batch of payloads -> decode -> preprocess -> quantize -> cache -> infer -> replies.
 
-No threads, no MQTT, no clocks of its own: the caller passes the interpreter's `infer`
-function, the cache (or None) and the times. This is the unit-test seam, and what
-`validate` and the workers both run, so the daemon and the accuracy gate cannot
-disagree. The core is batch-shaped (`infer_batch`), ready for micro-batching.
+No threads, no MQTT, no clocks of its own: the caller passes the model, the cache (or
+None) and the clock. This is the unit-test seam, and what `validate` and the workers
+both run, so the daemon and the accuracy gate cannot disagree.
+
+A worker hands over every queued request of one route at once (`handle_batch`): each is
+decoded on its own (a bad one gets its error reply, the rest go on), then the group is
+preprocessed and quantized as one array, looked up in the cache by its INT8 input
+tensor, and the misses run in as few invokes as the model's batch buckets allow.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -19,14 +22,45 @@ from daemon.cache import make_key
 from daemon.config import RouteConfig
 from daemon.errors import EXPIRED, PayloadError
 
-InferFn = Callable[[np.ndarray], np.ndarray]
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
+# Per-stage timings of a batch, in the order a request goes through them.
+STAGES = ("decode", "preprocess", "infer", "postprocess")
+
+Clock = Callable[[], float]
+CacheEntry = tuple[str, np.ndarray]
+
+
+class Runner(Protocol):
+    """The model as the pipeline sees it (runtime.Model; a fake in unit tests)."""
+
+    cost_per_sample_s: float
+    num_outputs: int
+
+    def quantize(self, batch: np.ndarray) -> np.ndarray: ...
+    def infer_quantized(self, q: np.ndarray) -> np.ndarray: ...
 
 
 class ScoreCache(Protocol):
-    def get(self, key: str) -> Optional[list[float]]: ...
-    def put(self, key: str, scores: Sequence[float]) -> None: ...
+    def get_many(self, keys: Sequence[str], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]: ...
+    def put_many(self, items: Sequence[CacheEntry]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    payload: bytes
+    received_at: float
+    deadline: Optional[float] = None
+    """From the transport (an MQTT v5 message expiry), same clock; `timeout_ms` can tighten it."""
+
+
+@dataclass
+class Outcome:
+    """One reply per request, in order, plus what the caller stores in the cache after replying."""
+
+    replies: list[dict]
+    fresh: list[CacheEntry] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -36,12 +70,10 @@ class RoutePipeline:
     route: RouteConfig
     model_sha256: str
     labels: tuple[str, ...]
-    preprocessing: str  # canonical JSON of the steps: the cache namespace
 
     @classmethod
     def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str]) -> "RoutePipeline":
-        canonical = json.dumps(preprocess.canonical(route.preprocess), sort_keys=True)
-        return cls(route, model_sha256, tuple(labels), canonical)
+        return cls(route, model_sha256, tuple(labels))
 
     def decode(self, payload: bytes) -> codecs.Decoded:
         return codecs.decode(payload, self.route.input)
@@ -72,46 +104,83 @@ class RoutePipeline:
         return codecs.error_reply(request_id, self.route.name, code, message)
 
 
-def infer_batch(pipe: RoutePipeline, tensors: np.ndarray, infer: InferFn,
-                cache: Optional[ScoreCache]) -> tuple[np.ndarray, list[bool]]:
-    """Scores for preprocessed tensors: cache hits are reused, misses run in one invoke."""
-    n = tensors.shape[0]
-    keys = [make_key(pipe.model_sha256, pipe.preprocessing, t) for t in tensors] if cache else []
-    hits = [cache.get(k) for k in keys] if cache else [None] * n
-    cached = [h is not None for h in hits]
-    misses = [i for i in range(n) if not cached[i]]
-    fresh = infer(tensors[misses]) if misses else np.empty((0, 0), np.float32)
-    width = fresh.shape[1] if misses else len(next(h for h in hits if h is not None))
-    scores = np.empty((n, width), dtype=np.float32)
-    for row, i in enumerate(misses):
-        scores[i] = fresh[row]
-        if cache:
-            cache.put(keys[i], fresh[row].tolist())
-    for i in range(n):
-        if cached[i]:
-            scores[i] = hits[i]
-    return scores, cached
+def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
+                 cache: Optional[ScoreCache], clock: Clock) -> Outcome:
+    """Requests of one route -> one reply each. Errors other than PayloadError propagate."""
+    stages: dict[str, float] = {}
+    started = clock()
+    replies: list[Any] = [None] * len(requests)
+    decoded = _decode_all(pipe, requests, replies)
+    now = clock()
+    stages["decode"] = now - started
+    live = []
+    for i, d in decoded:
+        replies[i] = _expired(pipe, requests[i], d, now)
+        if replies[i] is None:
+            live.append((i, d))
+    decoded = live
+    fresh: list[CacheEntry] = []
+    if decoded:
+        q = model.quantize(pipe.preprocess(np.stack([d.data for _, d in decoded])))
+        mark = clock()
+        stages["preprocess"] = mark - now
+        scores, cached, fresh = _scores(pipe, q, model, cache)
+        now = clock()
+        stages["infer"] = now - mark
+        for row, (i, d) in enumerate(decoded):
+            replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
+                                          (now - requests[i].received_at) * 1000.0)
+        stages["postprocess"] = clock() - now
+    return Outcome(replies, fresh, stages)
 
 
-def handle(pipe: RoutePipeline, payload: bytes, infer: InferFn, cache: Optional[ScoreCache],
-           received_at: float, clock: Callable[[], float], deadline: Optional[float] = None) -> dict:
-    """One request to one reply (a result, or an error for bad or late input).
+def _decode_all(pipe: RoutePipeline, requests: Sequence[Request], replies: list) -> list[tuple[int, codecs.Decoded]]:
+    decoded = []
+    for i, request in enumerate(requests):
+        try:
+            decoded.append((i, pipe.decode(request.payload)))
+        except PayloadError as exc:
+            replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
+    return decoded
 
-    `deadline` (same clock as `received_at`) comes from the transport, e.g. an MQTT v5
-    message expiry; a JSON request can tighten it with `timeout_ms`. Errors other than
-    PayloadError propagate to the caller.
-    """
-    request_id = None
-    try:
-        decoded = pipe.decode(payload)
-        request_id = decoded.request_id
-        if decoded.timeout_ms is not None:
-            own = received_at + decoded.timeout_ms / 1000.0
-            deadline = own if deadline is None else min(deadline, own)
-        if deadline is not None and clock() >= deadline:
-            raise PayloadError(EXPIRED, f"deadline passed {(clock() - deadline) * 1000.0:.1f} ms before inference")
-        tensors = pipe.preprocess(decoded.data[np.newaxis])
-        scores, cached = infer_batch(pipe, tensors, infer, cache)
-    except PayloadError as exc:
-        return pipe.error(exc.request_id if exc.request_id is not None else request_id, exc.code, exc.message)
-    return pipe.postprocess(scores[0], request_id, cached[0], (clock() - received_at) * 1000.0)
+
+def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now: float) -> Optional[dict]:
+    """The `expired` reply when the request's deadline has passed before inference, else None."""
+    deadline = request.deadline
+    if decoded.timeout_ms is not None:
+        own = request.received_at + decoded.timeout_ms / 1000.0
+        deadline = own if deadline is None else min(deadline, own)
+    if deadline is None or now < deadline:
+        return None
+    return pipe.error(decoded.request_id, EXPIRED,
+                      f"deadline passed {(now - deadline) * 1000.0:.1f} ms before inference")
+
+
+def _scores(pipe: RoutePipeline, q: np.ndarray, model: Runner,
+            cache: Optional[ScoreCache]) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+    """Scores for INT8 input rows: cache hits are reused, misses run through the model."""
+    n = q.shape[0]
+    if cache is None:
+        return model.infer_quantized(q), [False] * n, []
+    keys = [make_key(pipe.model_sha256, row) for row in q]
+    hits = cache.get_many(keys, model.cost_per_sample_s)
+    misses = [i for i, hit in enumerate(hits) if hit is None]
+    scores = np.empty((n, model.num_outputs), dtype=np.float32)
+    for i, hit in enumerate(hits):
+        if hit is not None:
+            scores[i] = hit
+    fresh: list[CacheEntry] = []
+    if misses:
+        computed = model.infer_quantized(q[misses])
+        scores[misses] = computed
+        fresh = [(keys[i], computed[row].copy()) for row, i in enumerate(misses)]
+    return scores, [hit is not None for hit in hits], fresh
+
+
+def handle(pipe: RoutePipeline, payload: bytes, model: Runner, cache: Optional[ScoreCache],
+           received_at: float, clock: Clock, deadline: Optional[float] = None) -> dict:
+    """One request to one reply: `handle_batch` of one (cache writes are made at once)."""
+    outcome = handle_batch(pipe, [Request(payload, received_at, deadline)], model, cache, clock)
+    if cache is not None and outcome.fresh:
+        cache.put_many(outcome.fresh)
+    return outcome.replies[0]

@@ -33,20 +33,22 @@ logger = logging.getLogger(__name__)
 STATS_LOG_INTERVAL_S = 60.0
 # Time allowed to get the retained `offline` status out on shutdown.
 OFFLINE_PUBLISH_TIMEOUT_S = 2.0
-# The worker queue holds this many times what the broker may have in flight to us.
-RECEIVE_MAXIMUM_HEADROOM = 2
+# MQTT v5 caps ReceiveMaximum at 65,535.
+RECEIVE_MAXIMUM_LIMIT = 65535
+# The smallest request we expect, for turning the byte budget into a message count.
+SMALL_REQUEST_BYTES = 1024
 
 
 def receive_maximum(workers: WorkersConfig) -> int:
-    """The MQTT v5 ReceiveMaximum that keeps the worker queue from overflowing.
+    """The MQTT v5 ReceiveMaximum: as many small requests as the queue's byte budget holds.
 
-    Not queue + workers: after a worker acks, the broker may deliver the next request
-    before that worker takes its next job, so every unacked request can be queued at
-    once. And only half the queue: mosquitto 2.0.11 overshoots the quota (issue
-    #2301; 66 unacked at a maximum of 64 here), and each `overloaded` reply is acked
-    at once, freeing quota for yet another request the full queue must refuse.
+    High on purpose. A broker that honours it holds back the rest in its own queue, and
+    mosquitto silently drops QoS 1 messages past `max_queued_messages` (1,000 by
+    default), so a low value turns a burst into loss. Admission (`admission.py`) is the
+    bound that holds: it answers `overloaded` explicitly. Mosquitto 2.0.11 does not hold
+    to ReceiveMaximum anyway once the first PUBACK is back (see docs/performance.md).
     """
-    return max(1, workers.queue // RECEIVE_MAXIMUM_HEADROOM)
+    return max(1, min(RECEIVE_MAXIMUM_LIMIT, workers.queue_bytes // SMALL_REQUEST_BYTES))
 
 
 class ForcedExit(BaseException):
@@ -142,7 +144,7 @@ class Service:
         models = {}
         for name, reference in self._models.items():
             model = Model(reference.path, backend=reference.backend, expected_sha256=reference.sha256,
-                          xnnpack=reference.xnnpack)
+                          xnnpack=reference.xnnpack, max_batch=self.config.batching.max_batch)
             model.warm_up()
             models[name] = model
         return models
@@ -165,7 +167,8 @@ class Service:
 
     def _start_workers(self) -> None:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
-        self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models)
+        self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models,
+                                      self.config.batching)
         self._dispatcher.start()
 
     def _stop_workers(self) -> None:

@@ -1,11 +1,15 @@
-"""Counters, a latency reservoir, and rate-limited logging of per-request problems.
+"""Counters, a latency reservoir, per-stage histograms, and rate-limited logging of per-request problems.
 
 The stats topic and the Prometheus exporter come later and read `Stats.snapshot()`.
+Stage timings (queue wait per request; decode, preprocess, infer, postprocess and
+publish per batch) and batch sizes go into fixed buckets: one bisect and two adds
+under the lock, and buckets, unlike a reservoir, can feed Prometheus histograms.
 """
 
 from __future__ import annotations
 
 import logging
+import bisect
 import threading
 import time
 from collections import Counter, deque
@@ -13,8 +17,14 @@ from typing import Callable
 
 import numpy as np
 
+_MS = 1000.0
 # Recent latencies kept for percentiles: enough for a stable p99, bounded memory.
 _LATENCY_WINDOW = 4096
+# Upper bounds of the stage-time buckets, in seconds (10 us .. 10 s, roughly x2.5 apart).
+STAGE_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+                   0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Upper bounds of the batch-size buckets.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # A given kind of per-request problem is logged at most once per this many seconds.
 DEFAULT_LOG_INTERVAL_S = 10.0
 
@@ -26,6 +36,8 @@ class Stats:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._latency_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._stages: dict[str, Histogram] = {}
+        self._batches = Histogram(BATCH_BUCKETS)
 
     def incr(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -35,6 +47,17 @@ class Stats:
         with self._lock:
             self._latency_ms.append(ms)
 
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            histogram = self._stages.get(stage)
+            if histogram is None:
+                histogram = self._stages[stage] = Histogram(STAGE_BUCKETS_S)
+            histogram.add(seconds)
+
+    def observe_batch(self, size: int) -> None:
+        with self._lock:
+            self._batches.add(size)
+
     def count(self, name: str) -> int:
         with self._lock:
             return self._counts[name]
@@ -43,11 +66,44 @@ class Stats:
         with self._lock:
             counts = dict(self._counts)
             lat = np.array(self._latency_ms, dtype=np.float64)
-        out: dict = {"counts": counts}
+            stages = {name: h.summary(scale=_MS) for name, h in self._stages.items()}
+            batches = self._batches.summary()
+        out: dict = {"counts": counts, "stages_ms": stages, "batch_size": batches}
         if lat.size:
-            out["latency_ms"] = {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-                                 "n": int(lat.size)}
+            out["latency_ms"] = {"p50": round(float(np.percentile(lat, 50)), 3),
+                                 "p99": round(float(np.percentile(lat, 99)), 3), "n": int(lat.size)}
         return out
+
+
+class Histogram:
+    """Counts per bucket (upper bounds, plus +inf), sum and count. Not locked: Stats locks it."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def add(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding the q-quantile (inf when past the last bound)."""
+        rank = q * self.n
+        seen = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts):
+            seen += count
+            if seen >= rank:
+                return bound
+        return float("inf")
+
+    def summary(self, scale: float = 1.0) -> dict:
+        if not self.n:
+            return {"n": 0}
+        return {"n": self.n, "mean": round(self.total / self.n * scale, 4),
+                "p50_le": self.quantile(0.5) * scale, "p99_le": self.quantile(0.99) * scale}
 
 
 class ThrottledLog:

@@ -1,44 +1,58 @@
-"""A bounded pool of worker threads, each owning its own interpreters.
+"""A pool of worker threads that take queued jobs in batches, each worker owning its interpreters.
 
-Overflow policy: `submit` never blocks (it runs on paho's network thread). When the
-queue is full it returns False and the caller answers the request `overloaded`, so
-overload is shed explicitly and visibly, never silently.
+`submit` never blocks (it runs on paho's network thread) and never refuses for lack of
+room: what may queue is decided before, by `admission.Admission` (bytes and predicted
+wait), so the queue itself is unbounded here. It returns False only while stopping.
+
+The batch loop follows Ray Serve's `wait_for_batch`: block for the first job, then take
+what is queued up to `max_batch`; with `max_delay_s` > 0, wait for more until that
+window, measured from the first job's arrival, closes, but never past the earliest deadline in
+the batch. An idle queue never waits. When several workers are idle, a worker takes only
+its share of what is queued, so a short queue is split rather than served by one.
 
 Interpreters are not thread-safe, so each worker gets a private context (its own
-`Model` per model name) built on the caller's thread at `start`, where a bad model
-fails start-up instead of a worker dying later. `invoke()` releases the GIL, so N
-workers give close to N-fold throughput on N cores.
+`Model` per model name) built on the caller's thread at `start`, where a bad model fails
+start-up instead of a worker dying later. `invoke()` releases the GIL.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import math
 import threading
 import time
-from typing import Any, Callable, Generic, TypeVar
+from collections import deque
+from typing import Callable, Generic, Optional, TypeVar
 
 logger = logging.getLogger(__name__)
 
 J = TypeVar("J")
 C = TypeVar("C")
-_STOP = object()  # sentinel: one per worker, queued behind the remaining work
 
 
 class WorkerPool(Generic[J, C]):
-    """`size` threads pulling jobs from one bounded queue; `process(context, job)` does the work."""
+    """`size` threads taking batches from one queue; `process(context, jobs)` does the work."""
 
-    def __init__(self, size: int, queue_size: int, make_context: Callable[[int], C],
-                 process: Callable[[C, J], None], name: str = "worker"):
+    def __init__(self, size: int, make_context: Callable[[int], C], process: Callable[[C, list[J]], None],
+                 max_batch: int = 1, max_delay_s: float = 0.0,
+                 deadline_of: Callable[[J], Optional[float]] = lambda job: None,
+                 arrival_of: Optional[Callable[[J], float]] = None, clock: Callable[[], float] = time.monotonic, name: str = "worker"):
         self._size = size
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._make_context = make_context
         self._process = process
+        self._max_batch = max_batch
+        self._max_delay = max_delay_s
+        self._deadline_of = deadline_of
+        self._arrival_of = arrival_of or (lambda job: clock())
+        self._clock = clock
         self._name = name
+        self._queue: deque[J] = deque()
+        self._cond = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
         self._accepting = False
+        self._closing = False
+        self._idle = 0
         self._busy = 0
-        self._busy_lock = threading.Lock()
 
     def start(self) -> None:
         contexts = [self._make_context(i) for i in range(self._size)]
@@ -50,45 +64,73 @@ class WorkerPool(Generic[J, C]):
         self._accepting = True
 
     def submit(self, job: J) -> bool:
-        """Queue a job without blocking; False when the queue is full or the pool is stopping."""
+        """Queue a job without blocking; False when the pool is stopping."""
         if not self._accepting:
             return False
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            return False
+        with self._cond:
+            self._queue.append(job)
+            if self._idle:
+                self._cond.notify()
         return True
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     @property
     def busy(self) -> int:
-        with self._busy_lock:
-            return self._busy
+        return self._busy
+
+    def take(self) -> Optional[list[J]]:
+        """The next batch (blocking for its first job); None once stopping and drained."""
+        with self._cond:
+            self._idle += 1
+            while not self._queue and not self._closing:
+                self._cond.wait()
+            self._idle -= 1
+            if not self._queue:
+                return None
+            share = math.ceil(len(self._queue) / (self._idle + 1))
+            batch = [self._queue.popleft() for _ in range(min(self._max_batch, share))]
+            if self._max_delay > 0 and len(batch) < self._max_batch:
+                self._fill(batch)
+            self._busy += 1
+            return batch
+
+    def _fill(self, batch: list[J]) -> None:
+        """Wait (lock held by the caller, released while waiting) for more jobs until the window closes."""
+        close = self._arrival_of(batch[0]) + self._max_delay
+        deadlines = [d for d in map(self._deadline_of, batch) if d is not None]
+        while len(batch) < self._max_batch and not self._closing:
+            if deadlines:
+                close = min(close, *deadlines)
+            left = close - self._clock()
+            if self._queue:
+                job = self._queue.popleft()
+                batch.append(job)
+                deadline = self._deadline_of(job)
+                if deadline is not None:
+                    deadlines.append(deadline)
+            elif left <= 0 or not self._cond.wait(left):
+                return
 
     def _run(self, context: C) -> None:
-        while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
-            with self._busy_lock:
-                self._busy += 1
+        while (batch := self.take()) is not None:
             try:
-                self._process(context, job)
-            except Exception:  # a bug in one job must not kill the worker
-                logger.exception("worker failed on a job")
+                self._process(context, batch)
+            except Exception:  # a bug in one batch must not kill the worker
+                logger.exception("worker failed on a batch of %d", len(batch))
             finally:
-                with self._busy_lock:
+                with self._cond:
                     self._busy -= 1
 
     def stop(self, timeout_s: float) -> bool:
         """Stop intake, let queued and running jobs finish within `timeout_s`; True if all did."""
         self._accepting = False
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         deadline = time.monotonic() + timeout_s
-        for _ in self._threads:
-            self._put_stop(deadline)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
@@ -97,10 +139,3 @@ class WorkerPool(Generic[J, C]):
                            self.depth + self.busy, timeout_s, ", ".join(alive))
         self._threads = [t for t in self._threads if t.is_alive()]
         return not alive
-
-    def _put_stop(self, deadline: float) -> None:
-        try:
-            self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass  # the drain time is spent; the join below reports what is left
-

@@ -46,7 +46,7 @@ def _inbound(topic: str, payload: bytes, mid: int, **kw) -> Inbound:
     return Inbound(topic=topic, payload=payload, qos=1, mid=mid, received_at=time.monotonic(), **kw)
 
 
-ONE_WORKER = WorkersConfig(max=1, queue=4)
+ONE_WORKER = WorkersConfig(max=1)
 
 
 def _dispatcher(models_for_worker, workers=ONE_WORKER, stats=None):

@@ -54,6 +54,6 @@ def test_a_second_sigint_during_the_drain_is_not_swallowed_by_shutdown():
     assert log == []  # nothing more is waited for
 
 
-def test_receive_maximum_leaves_headroom_in_the_queue():
-    assert receive_maximum(WorkersConfig(max=2, queue=64)) == 32
-    assert receive_maximum(WorkersConfig(max=1, queue=1)) == 1
+def test_receive_maximum_lets_the_broker_stream_what_the_byte_budget_holds():
+    assert receive_maximum(WorkersConfig(max=2, queue_mb=64)) == 65535  # the MQTT v5 maximum
+    assert receive_maximum(WorkersConfig(max=1, queue_mb=1)) == 1024

@@ -1,4 +1,4 @@
-"""The worker pool: bounded queue, explicit refusal, per-worker contexts, drain on stop."""
+"""The worker pool: batches up to max_batch, fair shares, the fill window, per-worker contexts, drain."""
 
 from __future__ import annotations
 
@@ -7,41 +7,77 @@ import threading
 from daemon.workers import WorkerPool
 
 
-def test_full_queue_refuses_and_stop_drains_everything_queued():
-    gate = threading.Event()
-    started = threading.Event()
-    done: list[tuple[int, int]] = []
+class FakeClock:
+    def __init__(self, now: float = 0.0):
+        self.now = now
 
-    def process(ctx: int, job: int) -> None:
+    def __call__(self) -> float:
+        return self.now
+
+
+def _held_pool(max_batch: int, **kw):
+    """A one-worker pool whose first batch blocks until `gate` is set, recording every batch."""
+    gate, started = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def process(ctx: int, jobs: list[int]) -> None:
         started.set()
         gate.wait(30)
-        done.append((ctx, job))
+        batches.append(jobs)
 
-    pool: WorkerPool[int, int] = WorkerPool(1, 2, make_context=lambda i: 100 + i, process=process)
+    pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, process, max_batch=max_batch, **kw)
+    return pool, gate, started, batches
+
+
+def test_a_worker_takes_everything_queued_up_to_max_batch_and_stop_drains():
+    pool, gate, started, batches = _held_pool(max_batch=4)
     pool.start()
-    assert pool.submit(1)
-    assert started.wait(30)  # job 1 is running, the queue is empty
-    assert pool.submit(2) and pool.submit(3)
-    assert not pool.submit(4)  # queue of 2 is full: refused, never blocks
+    assert pool.submit(0) and started.wait(30)  # job 0 runs alone; the rest queue behind it
+    for job in range(1, 11):
+        assert pool.submit(job)  # never refused for room: admission decides that
     gate.set()
     assert pool.stop(timeout_s=30)
-    assert done == [(100, 1), (100, 2), (100, 3)]
-    assert not pool.submit(5)  # stopped: refuses
+    assert batches == [[0], [1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+    assert not pool.submit(11)  # stopped: refuses
 
 
-def test_each_worker_gets_its_own_context_and_a_failing_job_does_not_kill_it():
+def test_the_fill_window_waits_for_more_but_never_past_the_earliest_deadline():
+    clock = FakeClock()
+    deadlines = {1: 5.0}
+    pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=8, max_delay_s=10.0,
+                                            deadline_of=deadlines.get, arrival_of=lambda job: 0.0, clock=clock)
+    pool._accepting = True  # exercise take() on this thread
+    pool.submit(1)
+    clock.now = 5.0  # job 1's deadline has come: no more waiting, even though the window is open
+    assert pool.take() == [1]
+    pool.submit(2)
+    pool.submit(3)
+    clock.now = 20.0  # the window (10 s from the first job's arrival) has closed: take what is queued
+    assert pool.take() == [2, 3]
+
+
+def test_idle_workers_split_a_short_queue():
+    pool: WorkerPool[int, int] = WorkerPool(2, lambda i: i, lambda c, j: None, max_batch=32)
+    pool._accepting = True
+    for job in range(6):
+        pool.submit(job)
+    pool._idle = 1  # one other worker is waiting too
+    assert pool.take() == [0, 1, 2]
+
+
+def test_each_worker_gets_its_own_context_and_a_failing_batch_does_not_kill_it():
     seen: set[int] = set()
     lock = threading.Lock()
     barrier = threading.Barrier(3)
 
-    def process(ctx: int, job: int) -> None:
-        if job < 0:
+    def process(ctx: int, jobs: list[int]) -> None:
+        if jobs[0] < 0:
             raise RuntimeError("boom")
         barrier.wait(30)  # all three workers busy at once
         with lock:
             seen.add(ctx)
 
-    pool: WorkerPool[int, int] = WorkerPool(3, 10, make_context=lambda i: i, process=process)
+    pool: WorkerPool[int, int] = WorkerPool(3, lambda i: i, process, max_batch=1)
     pool.start()
     for job in (-1, 1, 2, 3):
         assert pool.submit(job)
@@ -51,8 +87,21 @@ def test_each_worker_gets_its_own_context_and_a_failing_job_does_not_kill_it():
 
 def test_stop_reports_work_left_after_the_time_limit():
     gate = threading.Event()
-    pool: WorkerPool[int, None] = WorkerPool(1, 4, make_context=lambda i: None, process=lambda c, j: gate.wait(30))
+    pool: WorkerPool[int, None] = WorkerPool(1, lambda i: None, lambda c, j: gate.wait(30))
     pool.start()
     pool.submit(1)
     assert pool.stop(timeout_s=0.05) is False
     gate.set()
+
+
+def test_the_fill_window_collects_arrivals_until_the_batch_is_full():
+    pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=3, max_delay_s=60.0)
+    pool._accepting = True
+    taken: list[list[int]] = []
+    taker = threading.Thread(target=lambda: taken.append(pool.take()))
+    taker.start()
+    for job in (1, 2, 3, 4):
+        pool.submit(job)
+    taker.join(30)
+    assert taken == [[1, 2, 3]]  # full before the 60 s window closed; job 4 waits for the next batch
+    assert pool.depth == 1

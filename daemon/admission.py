@@ -1,0 +1,136 @@
+"""Admission: which requests are queued, decided in O(1) on paho's thread.
+
+Two bounds, neither of them a message count (a burst of small requests that fits is
+served however many it holds):
+- memory: the bytes of queued requests stay within `workers.queue_mb`;
+- latency: a request whose predicted wait exceeds `workers.max_wait_ms` is answered
+  `overloaded` at once, and one whose own deadline (an MQTT v5 message expiry) would
+  pass before a worker reaches it is answered `expired` at once.
+
+The predicted wait is the work queued ahead divided by the workers. Each admitted
+request adds its route's measured cost per request to the queued work, and takes it
+back when a worker dequeues it. The cost comes from a least-squares fit of batch time
+`a * n + b` over recent batches of that route (BentoML's dispatcher fits the same
+line), read at a full batch, which is what a deep queue is served in. Until a route
+has been measured its cost is 0: only the memory bound holds. Everything here is
+arithmetic on a few floats under one lock, so shedding costs the paho thread nothing
+it would notice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from daemon.errors import EXPIRED, OVERLOADED
+
+# Bytes a queued request holds beyond its payload (the Inbound, the Job, the queue slot).
+JOB_OVERHEAD_BYTES = 512
+# Weight kept by older batches at each new one: about the last 1/(1-0.98) = 50 batches count.
+FIT_DECAY = 0.98
+# Below this spread of batch sizes the line's slope is unknowable: use time per request.
+_MIN_SIZE_VARIANCE = 1e-6
+_MS = 1000.0
+
+
+class CostModel:
+    """Batch time = a * n + b, fitted over recent (n, seconds) observations, older ones decayed."""
+
+    def __init__(self, decay: float = FIT_DECAY):
+        self._decay = decay
+        self._w = self._n = self._t = self._nn = self._nt = 0.0
+        self.a = 0.0
+        self.b = 0.0
+
+    def observe(self, n: int, seconds: float) -> None:
+        d = self._decay
+        self._w = self._w * d + 1.0
+        self._n = self._n * d + n
+        self._t = self._t * d + seconds
+        self._nn = self._nn * d + n * n
+        self._nt = self._nt * d + n * seconds
+        self._solve()
+
+    def _solve(self) -> None:
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        variance = self._nn / self._w - mean_n * mean_n
+        if variance > _MIN_SIZE_VARIANCE:
+            slope = (self._nt / self._w - mean_n * mean_t) / variance
+            if slope > 0:
+                self.a, self.b = slope, max(0.0, mean_t - slope * mean_n)
+                return
+        self.a, self.b = mean_t / mean_n, 0.0  # all batches one size (or a noisy fit): time per request
+
+    def per_request(self, batch_size: int) -> float:
+        """Seconds one request costs when served in batches of `batch_size`."""
+        return self.a + self.b / max(1, batch_size)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What an admitted request holds until a worker dequeues it."""
+
+    nbytes: int
+    cost_s: float
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str  # OVERLOADED or EXPIRED
+    message: str
+
+
+class Admission:
+    """The queue's memory and latency budget; thread-safe (paho thread admits, workers release)."""
+
+    def __init__(self, budget_bytes: int, max_wait_s: float, workers: int, batch_size: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self._budget = budget_bytes
+        self._max_wait = max_wait_s
+        self._workers = max(1, workers)
+        self._batch_size = batch_size
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._costs: dict[str, CostModel] = {}
+        self.queued_bytes = 0
+        self.queued_work_s = 0.0
+
+    def predicted_wait_s(self) -> float:
+        return self.queued_work_s / self._workers
+
+    def admit(self, route: str, payload_bytes: int, deadline: Optional[float] = None) -> Ticket | Refusal:
+        """A Ticket when the request may queue, else the Refusal to answer it with."""
+        nbytes = payload_bytes + JOB_OVERHEAD_BYTES
+        with self._lock:
+            wait = self.queued_work_s / self._workers
+            if self.queued_bytes + nbytes > self._budget:
+                return Refusal(OVERLOADED, f"queued requests hold {self.queued_bytes / (1 << 20):.1f} MiB; "
+                               f"the budget (workers.queue_mb) is {self._budget / (1 << 20):.1f} MiB")
+            if wait > self._max_wait:
+                return Refusal(OVERLOADED, f"predicted wait {wait * _MS:.0f} ms exceeds workers.max_wait_ms "
+                               f"{self._max_wait * _MS:.0f}; retry later")
+            if deadline is not None and self._clock() + wait >= deadline:
+                return Refusal(EXPIRED, f"predicted wait {wait * _MS:.0f} ms passes the request's deadline")
+            model = self._costs.get(route)
+            cost = model.per_request(self._batch_size) if model else 0.0
+            self.queued_bytes += nbytes
+            self.queued_work_s += cost
+        return Ticket(nbytes, cost)
+
+    def release(self, ticket: Ticket) -> None:
+        """A worker took the request off the queue."""
+        with self._lock:
+            self.queued_bytes -= ticket.nbytes
+            self.queued_work_s = max(0.0, self.queued_work_s - ticket.cost_s)
+
+    def observe(self, route: str, n: int, seconds: float) -> None:
+        """A worker served n requests of `route` in `seconds` (decode to published replies)."""
+        with self._lock:
+            self._costs.setdefault(route, CostModel()).observe(n, seconds)
+
+    def cost_per_request_s(self, route: str) -> float:
+        with self._lock:
+            model = self._costs.get(route)
+            return model.per_request(self._batch_size) if model else 0.0
