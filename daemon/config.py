@@ -114,7 +114,9 @@ class CacheConfig:
     max_mb: int = 256
     """Size cap in MiB."""
     ttl_s: float = 3600.0
-    """Entries expire after this many seconds; 0 keeps them until evicted."""
+    """Entries expire after this many seconds (both tiers); 0 keeps them until evicted."""
+    memory_mb: int = 32
+    """In-memory LRU in front of the disk, in MiB; 0 turns the memory tier off."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,7 @@ def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
         dir=base / r.get(m, "dir", p, str, str(d.dir)),
         max_mb=r.get(m, "max_mb", p, int, d.max_mb, minimum=1),
         ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
+        memory_mb=r.get(m, "memory_mb", p, int, d.memory_mb, minimum=0),
     )
 
 

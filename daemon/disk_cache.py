@@ -1,0 +1,292 @@
+"""The persistent tier behind the memory LRU: diskcache, kept off the reply path.
+
+Values are the model's dequantized scores as a JSON list. diskcache unpickles any row
+whose mode says "pickle" on `get()`, even under its own JSONDisk (CVE-2025-69872):
+`SafeJSONDisk` stores JSON bytes only and refuses to read a pickled row or key.
+
+Writes are write-behind: `enqueue` appends to a bounded queue and returns (past the
+bound the oldest pending writes are dropped and counted: a cache may forget, it must
+never make a reply wait), and ONE writer thread drains everything queued into ONE
+`transact()`, so a burst costs one sqlite commit instead of one per request. Reads are
+timed into an EWMA, so the facade reads the disk only for models whose invoke costs more.
+
+A directory that cannot be opened leaves the tier off; a corrupt database is moved aside
+and recreated. Read and write failures are reported once per streak and degrade to
+misses and lost writes; the writer's probe read after each drain notices recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import diskcache
+import numpy as np
+from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
+
+logger = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+_DIR_MODE = 0o700
+_SQLITE_TIMEOUT_S = 1.0  # a busy database is a miss or a lost write, never a long stall
+_WRITE_QUEUE_MAX = 4096  # pending writes; a burst beyond this loses its oldest cache writes
+_COST_EWMA_WEIGHT = 0.2  # weight of the newest read in the disk read cost estimate
+_WARM_LIMIT_S = 2.0  # a huge cache must not hold start-up hostage
+_PROBE_KEY = "\0probe"  # never a real key (those are hex digests)
+
+OFF, OK, FAILING = "off", "ok", "failing"
+
+Entry = tuple[str, np.ndarray]
+
+
+class UnsafeRowError(Exception):
+    """A row or key in the cache database is not JSON (e.g. a planted pickle)."""
+
+
+_CACHE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout, ValueError, TypeError)
+_READ_ERRORS = (*_CACHE_ERRORS, UnsafeRowError)
+
+
+class SafeJSONDisk(diskcache.Disk):
+    """A diskcache Disk that stores JSON as bytes and never unpickles."""
+
+    def put(self, key):
+        if type(key) is not str:
+            raise TypeError("cache keys must be str digests")
+        return key, True
+
+    def get(self, key, raw):
+        if not raw:
+            raise UnsafeRowError("refusing a pickled cache key")
+        return key
+
+    def store(self, value, read, key=UNKNOWN):
+        if read:
+            raise TypeError("file-like cache values are not supported")
+        return super().store(json.dumps(value, separators=(",", ":")).encode(), False, key=key)
+
+    def fetch(self, mode, filename, value, read):
+        if mode not in (MODE_RAW, MODE_BINARY) or read:
+            raise UnsafeRowError(f"refusing a cache row stored in mode {mode}")
+        return json.loads(super().fetch(mode, filename, value, False))
+
+
+def open_disk(directory: Path, max_mb: int) -> Optional[diskcache.Cache]:
+    """The diskcache at `directory`, or None (reported) when it cannot be used."""
+    problem: Exception
+    try:
+        return _open_dir(directory, max_mb)
+    except sqlite3.OperationalError as exc:  # locked, read-only, full: not corrupt, leave the files be
+        problem = exc
+    except sqlite3.DatabaseError as exc:  # "file is not a database": corrupt
+        try:
+            return _recreate(directory, max_mb, exc)
+        except _CACHE_ERRORS as again:
+            problem = again
+    except _CACHE_ERRORS as exc:
+        problem = exc
+    logger.warning("cache %s cannot be opened (%s); serving without a disk cache", directory, problem)
+    return None
+
+
+def _recreate(directory: Path, max_mb: int, reason: Exception) -> diskcache.Cache:
+    """Move a corrupt cache aside (kept for inspection) and start an empty one."""
+    quarantine = directory.with_name(f"{directory.name}.corrupt-{int(time.time())}")
+    logger.warning("cache %s is corrupt (%s); moved to %s and starting empty", directory, reason, quarantine)
+    directory.rename(quarantine)
+    return _open_dir(directory, max_mb)
+
+
+def _open_dir(directory: Path, max_mb: int) -> diskcache.Cache:
+    directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(directory, _DIR_MODE)  # results may be sensitive; mkdir's mode obeys the umask
+    cache = diskcache.Cache(str(directory), disk=SafeJSONDisk, timeout=_SQLITE_TIMEOUT_S,
+                            size_limit=max_mb * _MIB, eviction_policy="least-recently-stored")
+    # Touch the tables: a corrupt file often opens fine and fails on first use.
+    cache.get(_PROBE_KEY)
+    return cache
+
+
+def as_scores(value: Any) -> Optional[np.ndarray]:
+    """A stored JSON list -> a read-only float32 vector; anything else is a miss."""
+    if not isinstance(value, list):
+        return None
+    try:
+        scores = np.array(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        return None
+    scores.flags.writeable = False
+    return scores if scores.ndim == 1 else None
+
+
+class _Health:
+    """One warning per failure streak of one action, however many threads hit it."""
+
+    def __init__(self, action: str):
+        self.action = action
+        self.failing = False
+        self._lock = threading.Lock()
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            first, self.failing = not self.failing, True
+        if first:
+            logger.warning("cache %s failed (%s: %s); serving without it until it recovers",
+                           self.action, type(exc).__name__, exc)
+
+    def worked(self) -> None:
+        if self.failing:  # unlocked read: the common case stays a single attribute check
+            with self._lock:
+                was, self.failing = self.failing, False
+            if was:
+                logger.info("cache %s works again", self.action)
+
+
+class DiskTier:
+    """Timed reads on the caller's thread; writes queued for one writer thread."""
+
+    def __init__(self, disk: Any, ttl_s: float, queue_max: int = _WRITE_QUEUE_MAX):
+        self._disk = disk
+        self._expire = ttl_s or None
+        self._queue_max = queue_max
+        self._reads, self._writes = _Health("read"), _Health("write")
+        self.read_cost_s = 0.0
+        self.read(_PROBE_KEY)  # seeds the cost estimate
+        self._cond = threading.Condition()
+        self._pending: deque[Entry] = deque()
+        self._queued = self._done = 0  # items ever queued / ever written, failed or dropped
+        self._stopping = False
+        self.writes = self.write_batches = self.dropped_writes = 0
+        self._thread = threading.Thread(target=self._run, name="cache-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def state(self) -> str:
+        return FAILING if self._reads.failing or self._writes.failing else OK
+
+    @property
+    def readable(self) -> bool:
+        return not self._reads.failing
+
+    def _timed_get(self, key: str) -> tuple[Any, Optional[float]]:
+        start = time.perf_counter()
+        try:
+            return self._disk.get(key, expire_time=True)
+        finally:
+            # Races between reader threads lose an update at worst: it is an estimate.
+            self.read_cost_s += _COST_EWMA_WEIGHT * (time.perf_counter() - start - self.read_cost_s)
+
+    def read(self, key: str) -> tuple[Optional[np.ndarray], Optional[float]]:
+        """(scores or None, seconds left to live or None for never); failures are misses."""
+        try:
+            value, expire_at = self._timed_get(key)
+        except _READ_ERRORS as exc:
+            self._reads.failed(exc)
+            return None, None
+        self._reads.worked()
+        return as_scores(value), None if expire_at is None else expire_at - time.time()
+
+    def newest(self, fits: Callable[[str, np.ndarray], bool]) -> list[tuple[str, np.ndarray, Optional[float]]]:
+        """Live entries, newest stored first, while `fits` says they fit and time allows."""
+        try:
+            keys = reversed(self._disk)  # diskcache: rowid order, i.e. newest inserted first
+        except TypeError:
+            return []  # a disk without ordered iteration starts cold
+        out: list[tuple[str, np.ndarray, Optional[float]]] = []
+        deadline, refused = time.monotonic() + _WARM_LIMIT_S, 0
+        try:
+            for key in keys:
+                try:
+                    value, expire_at = self._timed_get(key)
+                except UnsafeRowError:  # one planted row is not a failing disk
+                    refused += 1
+                    continue
+                scores = as_scores(value)
+                if scores is None or (expire_at is not None and expire_at <= time.time()):
+                    continue
+                if not fits(key, scores) or time.monotonic() > deadline:
+                    break
+                out.append((key, scores, None if expire_at is None else expire_at - time.time()))
+        except _READ_ERRORS as exc:  # iteration itself failed (e.g. a pickled key): keep what we have
+            self._reads.failed(exc)
+        if refused:
+            logger.warning("cache warm-up refused %s non-JSON rows (planted pickles?)", refused)
+        return out
+
+    def enqueue(self, items: Sequence[Entry]) -> None:
+        """Queue writes for the writer thread; never waits for the disk."""
+        with self._cond:
+            if self._stopping:
+                return
+            self._pending.extend(items)
+            self._queued += len(items)
+            over = len(self._pending) - self._queue_max
+            for _ in range(over):
+                self._pending.popleft()
+            if over > 0:
+                self.dropped_writes += over
+                self._done += over
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._stopping)
+                if not self._pending:
+                    return  # stopping, and everything queued is written
+                batch, self._pending = self._pending, deque()
+            written = self._write(batch)
+            self.read(batch[-1][0] if written else _PROBE_KEY)  # refresh the cost, notice recovery
+            with self._cond:
+                self.writes += written
+                self.write_batches += bool(written)
+                self._done += len(batch)
+                self._cond.notify_all()
+
+    def _write(self, batch: deque[Entry]) -> int:
+        """Everything queued in one transaction; the number written."""
+        try:
+            with self._disk.transact():
+                for key, scores in batch:
+                    self._disk.set(key, scores.tolist(), expire=self._expire)
+        except Exception as exc:  # the writer must outlive any failure: all of them mean "disk failing"
+            self._writes.failed(exc)
+            return 0
+        self._writes.worked()
+        return len(batch)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until what was queued before the call is written; False on timeout or failure."""
+        with self._cond:
+            target = self._queued
+            reached = self._cond.wait_for(lambda: self._done >= target, timeout=timeout_s)
+        return reached and not self._writes.failing
+
+    def close(self, timeout_s: float) -> None:
+        """Let the writer drain what is queued, then stop it and close the disk."""
+        with self._cond:
+            self._stopping = True
+            pending = len(self._pending)
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():  # the disk is stuck: leave it open under the (daemon) writer
+            logger.warning("cache writer still busy after %s s; up to %s queued writes lost", timeout_s, pending)
+            return
+        try:
+            self._disk.close()
+        except _CACHE_ERRORS as exc:
+            logger.warning("cache close failed (%s)", exc)
+
+
+def open_tier(directory: Path, max_mb: int, ttl_s: float, disk: Any = None) -> Optional[DiskTier]:
+    """The disk tier on `disk` (tests) or on the diskcache at `directory`; None when unusable."""
+    if disk is None:
+        disk = open_disk(directory, max_mb)
+    return None if disk is None else DiskTier(disk, ttl_s)
