@@ -67,11 +67,13 @@ def _decode_json(payload: bytes) -> tuple[Any, np.ndarray, Optional[float]]:
 
 
 def _loads(payload: bytes) -> Any:
-    """orjson (5x json.loads); its depth limit (1024) turns deep nesting into bad_payload."""
+    """orjson (5x json.loads); its depth limit (1024) turns deep nesting into bad_payload.
+
+    An invalid document (NaN literals, say) still gets its id back when a scan finds one."""
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
-        raise PayloadError(BAD_PAYLOAD, f"not valid JSON: {exc}") from None
+        raise PayloadError(BAD_PAYLOAD, f"not valid JSON: {exc}", _scan_json_id(payload)) from None
 
 
 def _to_array(data: Any, request_id: Any) -> np.ndarray:
@@ -147,8 +149,10 @@ def scan_id(payload: bytes, spec: InputConfig) -> Any:
     """Best-effort JSON id of a request that will not be decoded (shed on paho's thread).
 
     O(1): a regex over the first bytes, then orjson on the id alone. No full parse."""
-    if spec.format != "json":
-        return None
+    return _scan_json_id(payload) if spec.format == "json" else None
+
+
+def _scan_json_id(payload: bytes) -> Any:
     found = _ID_PATTERN.search(payload, 0, _ID_SCAN_BYTES)
     if found is None:
         return None

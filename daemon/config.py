@@ -26,6 +26,7 @@ _MIB = 1 << 20
 DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` undecoded
 INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
+MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 
 
@@ -339,7 +340,7 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
                 "and overload by workers.max_wait_ms")
     return WorkersConfig(
         max=r.get(m, "max", p, int, d.max, minimum=1),
-        queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=1),
+        queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
         max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
     )

@@ -161,7 +161,8 @@ def test_each_bad_request_gets_its_error_code_and_the_daemon_keeps_serving(tmp_p
 
 
 def test_a_full_queue_is_answered_overloaded_never_dropped(tmp_path, client, start_daemon):
-    config = write_config(tmp_path, workers={"max": 1, "queue": 1}, cache={"enabled": False})
+    # queue_mb 0.04 (~42 KB) holds one appliance request (~28 KB of JSON) at a time.
+    config = write_config(tmp_path, workers={"max": 1, "queue_mb": 0.04}, cache={"enabled": False})
     start_daemon(config, wait_online=client)
     client.subscribe("results/o1/appliance")
     x, _ = _samples("appliance")
@@ -172,7 +173,7 @@ def test_a_full_queue_is_answered_overloaded_never_dropped(tmp_path, client, sta
     replies = client.wait_json("results/o1/appliance", n)
     assert sorted(r["id"] for r in replies) == list(range(n))  # every request answered exactly once
     shed = [r for r in replies if r.get("error", {}).get("code") == "overloaded"]
-    assert shed, "a 1-slot queue under a 200-request burst must shed some requests"
+    assert shed, "a one-request queue under a 200-request burst must shed some requests"
     assert len(shed) < n
 
 
