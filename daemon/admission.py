@@ -35,6 +35,10 @@ _MIN_SIZE_VARIANCE = 1e-6
 _MS = 1000.0
 
 
+def _kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:,.0f} KiB"
+
+
 class CostModel:
     """Batch time = a * n + b, fitted over recent (n, seconds) observations, older ones decayed."""
 
@@ -106,8 +110,8 @@ class Admission:
         with self._lock:
             wait = self.queued_work_s / self._workers
             if self.queued_bytes + nbytes > self._budget:
-                return Refusal(OVERLOADED, f"queued requests hold {self.queued_bytes / (1 << 20):.1f} MiB; "
-                               f"the budget (workers.queue_mb) is {self._budget / (1 << 20):.1f} MiB")
+                return Refusal(OVERLOADED, f"queued requests hold {_kib(self.queued_bytes)} and this one "
+                               f"{_kib(nbytes)}; the budget (workers.queue_mb) is {_kib(self._budget)}")
             if wait > self._max_wait:
                 return Refusal(OVERLOADED, f"predicted wait {wait * _MS:.0f} ms exceeds workers.max_wait_ms "
                                f"{self._max_wait * _MS:.0f}; retry later")

@@ -6,6 +6,11 @@ mosquitto would drop to the `mosquitto` user and silently run without persistenc
 that user cannot write the directory, so `user` is set to the current user.
 `set_tcp_nodelay true`: mosquitto's default leaves Nagle on, which adds ~40 ms
 delayed-ACK stalls to small messages (see docs/performance.md).
+`max_queued_messages`: mosquitto's default of 1,000 per client silently drops QoS 1
+messages past it. A 5,000-request `mosquitto_pub -l` burst reached even a C subscriber
+(`mosquitto_sub`) only 1,025 times with the default, and 5,000 times with a larger
+limit: no consumer can read as fast as the C publisher writes, so bursts need room in
+the broker (docs/performance.md, "Broker settings").
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ _READY_TIMEOUT_S = 10.0
 _POLL_S = 0.02
 _STOP_TIMEOUT_S = 5.0
 _CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
+# Messages mosquitto may queue per client before dropping (its default, 1,000, loses bursts).
+MAX_QUEUED_MESSAGES = 100_000
 
 
 def find_mosquitto() -> str:
@@ -79,6 +86,7 @@ class Broker:
             f"persistence_location {data}/\n"
             "autosave_interval 1\n"
             "set_tcp_nodelay true\n"
+            f"max_queued_messages {MAX_QUEUED_MESSAGES}\n"
             f"user {getpass.getuser()}\n"
             "log_dest stderr\n"
             "log_type error\n"

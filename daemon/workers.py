@@ -49,7 +49,7 @@ class WorkerPool(Generic[J, C]):
         self._queue: deque[J] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
-        self._accepting = False
+        self._accepting = True  # until stop(); jobs submitted before start() wait for the workers
         self._closing = False
         self._idle = 0
         self._busy = 0
@@ -61,7 +61,6 @@ class WorkerPool(Generic[J, C]):
             thread = threading.Thread(target=self._run, args=(context,), name=f"{self._name}-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        self._accepting = True
 
     def submit(self, job: J) -> bool:
         """Queue a job without blocking; False when the pool is stopping."""

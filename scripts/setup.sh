@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up what the demo and the tests need, from nothing, on Debian/Ubuntu:
-#   .venv with edge-inferd and its test extra, and mosquitto (through apt when missing).
+#   .venv with edge-inferd and its test extra, and mosquitto and its C clients (through apt when missing).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +19,14 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
 if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
     apt_install mosquitto
 fi
+# The C clients: the burst tests and `edge-inferd bench e2e` publish with mosquitto_pub -l.
+command -v mosquitto_pub >/dev/null || apt_install mosquitto-clients
 
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest, PIL' 2>/dev/null; then
+if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest, PIL, orjson' 2>/dev/null; then
     echo "setup: installing edge-inferd into .venv (a minute or two)" >&2
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q -e '.[test]'

@@ -86,3 +86,34 @@ def test_unroutable_topic_is_acked_and_counted_never_fatal():
     d.on_message(_inbound("nobody/listens/here", b"x", 7))
     assert rec.published == [] and rec.acked == [7]
     assert stats.count("unroutable") == 1
+
+
+def test_shedding_parses_no_json_and_keeps_the_leading_id():
+    """A refused request is answered from a prefix scan: its body is never parsed (it is not even valid)."""
+    stats = Stats()
+    d = _dispatcher({}, workers=WorkersConfig(max=1, queue_mb=0.01), stats=stats)  # ~10 KB; never started
+    rec = Recorder()
+    d.attach(rec)
+    small = b'{"id": "fits", "data": [1, 2'  # queued (the pool is not started, so it stays queued)
+    big = b'{"id": "big", "data": [' + b"1.5, " * 3000 + b"oops"  # 15 KB: past the budget, invalid JSON
+    d.on_message(_inbound("sensors/w1/imu", small, 1))
+    d.on_message(_inbound("sensors/w1/imu", big, 2))
+    [(topic, reply, _)] = rec.published
+    assert topic == "results/w1/activity" and reply["id"] == "big"
+    assert reply["error"]["code"] == "overloaded" and "workers.queue_mb" in reply["error"]["message"]
+    assert rec.acked == [2] and d.pool.depth == 1 and stats.count("errors.overloaded") == 1
+
+
+def test_a_batch_answers_each_request_and_acks_it_after_its_reply():
+    models = {"activity": Model(ROOT / "models/activity/model.tflite", max_batch=8)}
+    d = _dispatcher(models)
+    rec = Recorder()
+    d.attach(rec)
+    for i in range(6):  # queued before the worker starts: one batch of 6
+        d.on_message(_inbound("sensors/b1/imu", _request(i) if i != 3 else b"{bad", 10 + i))
+    d.start()
+    rec.wait(6)
+    assert d.stop(30)
+    assert [r["id"] for _, r, _ in rec.published] == [0, 1, 2, None, 4, 5]
+    assert [r.get("error", {}).get("code") for _, r, _ in rec.published] == [None] * 3 + ["bad_payload"] + [None] * 2
+    assert rec.acked == [10, 11, 12, 13, 14, 15]

@@ -46,7 +46,6 @@ def test_the_fill_window_waits_for_more_but_never_past_the_earliest_deadline():
     deadlines = {1: 5.0}
     pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=8, max_delay_s=10.0,
                                             deadline_of=deadlines.get, arrival_of=lambda job: 0.0, clock=clock)
-    pool._accepting = True  # exercise take() on this thread
     pool.submit(1)
     clock.now = 5.0  # job 1's deadline has come: no more waiting, even though the window is open
     assert pool.take() == [1]
@@ -58,7 +57,6 @@ def test_the_fill_window_waits_for_more_but_never_past_the_earliest_deadline():
 
 def test_idle_workers_split_a_short_queue():
     pool: WorkerPool[int, int] = WorkerPool(2, lambda i: i, lambda c, j: None, max_batch=32)
-    pool._accepting = True
     for job in range(6):
         pool.submit(job)
     pool._idle = 1  # one other worker is waiting too
@@ -96,7 +94,6 @@ def test_stop_reports_work_left_after_the_time_limit():
 
 def test_the_fill_window_collects_arrivals_until_the_batch_is_full():
     pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=3, max_delay_s=60.0)
-    pool._accepting = True
     taken: list[list[int]] = []
     taker = threading.Thread(target=lambda: taken.append(pool.take()))
     taker.start()

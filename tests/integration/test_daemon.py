@@ -160,21 +160,24 @@ def test_each_bad_request_gets_its_error_code_and_the_daemon_keeps_serving(tmp_p
     assert all(r["error"]["message"] for r in replies if "error" in r)
 
 
-def test_a_full_queue_is_answered_overloaded_never_dropped(tmp_path, client, start_daemon):
-    # queue_mb 0.04 (~42 KB) holds one appliance request (~28 KB of JSON) at a time.
-    config = write_config(tmp_path, workers={"max": 1, "queue_mb": 0.04}, cache={"enabled": False})
+def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp_path, client, start_daemon):
+    # queue_mb 0.01 (~10 KiB) cannot hold one appliance JSON request (~28 KiB): each is shed.
+    config = write_config(tmp_path, workers={"max": 1, "queue_mb": 0.01}, cache={"enabled": False})
     start_daemon(config, wait_online=client)
     client.subscribe("results/o1/appliance")
+    client.subscribe("results/o1/activity")
     x, _ = _samples("appliance")
     n = 200
     for i in range(n):  # QoS 0: no broker flow control, as a careless publisher would send
         client.publish("plugs/o1/power", json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode(), qos=0)
-
     replies = client.wait_json("results/o1/appliance", n)
     assert sorted(r["id"] for r in replies) == list(range(n))  # every request answered exactly once
-    shed = [r for r in replies if r.get("error", {}).get("code") == "overloaded"]
-    assert shed, "a one-request queue under a 200-request burst must shed some requests"
-    assert len(shed) < n
+    assert {r["error"]["code"] for r in replies} == {"overloaded"}
+    assert "workers.queue_mb" in replies[0]["error"]["message"]
+    small, _ = _samples("activity")
+    client.publish("sensors/o1/imu/raw", small[0].astype("<f4").tobytes())  # 2,400 bytes: fits, and is served
+    [served] = client.wait_json("results/o1/activity")
+    assert "label" in served
 
 
 def test_daemon_started_before_the_broker_serves_once_it_is_up(tmp_path):
