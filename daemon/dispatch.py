@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
@@ -38,6 +39,7 @@ class Transport(Protocol):
     def publish(self, topic: str, payload: bytes, retain: bool = False,
                 correlation_data: Optional[bytes] = None) -> object: ...
     def ack(self, inbound: Inbound) -> None: ...
+    def batch(self) -> AbstractContextManager: ...
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ class Dispatcher:
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
-        for job, reply in zip(group, outcome.replies):
-            self._send(job.inbound, job.reply_topic, reply)
+        with self._transport.batch() if self._transport is not None else nullcontext():
+            for job, reply in zip(group, outcome.replies):
+                self._send(job.inbound, job.reply_topic, reply)
         done = self._clock()
         self._stats.observe_stage("publish", done - published)
         self.admission.observe(group[0].pipe.route.name, len(group), done - started)

@@ -25,6 +25,7 @@ import logging
 import socket
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -34,6 +35,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.config import MqttConfig
+from daemon.paho_client import Client
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class MqttLink:
         self._accepting = threading.Event()
         self.connected = threading.Event()
         protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
-        self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
+        self._client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
                                    manual_ack=True)
         if config.username is not None:
             self._client.username_pw_set(config.username, config.password)
@@ -171,6 +173,10 @@ class MqttLink:
             properties = Properties(PacketTypes.PUBLISH)
             properties.CorrelationData = correlation_data
         return self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+
+    def batch(self) -> AbstractContextManager:
+        """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""
+        return self._client.quiet_wakeups()
 
     def ack(self, inbound: Inbound) -> None:
         """Acknowledge a request once its reply is published (no-op for QoS 0)."""

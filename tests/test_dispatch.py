@@ -6,6 +6,7 @@ broker paths are covered by tests/integration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -36,6 +37,9 @@ class Recorder:
 
     def ack(self, inbound):
         self.acked.append(inbound.mid)
+
+    def batch(self):
+        return contextlib.nullcontext()
 
     def wait(self, n):
         with self.cond:

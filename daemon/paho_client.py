@@ -1,0 +1,102 @@
+"""paho's Client with two per-packet system calls taken off the request path.
+
+Profiled on a 5,000-request burst (py-spy, docs/performance.md), paho itself was about
+a third of the daemon's CPU, and two of its habits stood out:
+- **Reads**: `_packet_read` takes each packet in two to four `recv()` calls (one byte
+  for the command, one per remaining-length byte, then the body), each a system call:
+  `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead up to
+  64 KiB and serves the following packets from memory. `loop_read` keeps going while
+  read-ahead bytes remain, because `select()` cannot see them.
+- **Wake-ups**: every publish or ack queued from another thread writes a byte to
+  paho's socketpair to wake its loop (`_packet_queue`: 10% of the samples). A worker
+  that publishes a batch of replies and acks holds the wake-ups (`quiet_wakeups`) and
+  wakes the loop once at the end.
+
+Both rely on paho 2.x internals (`_sock_recv`, `_sock_close`, `_sockpairW`, pinned by
+`paho-mqtt>=2.1,<3`); tests/test_paho_client.py checks them against the real paho.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import MQTTErrorCode
+
+# One recv() reads up to this much: many requests' worth of packets.
+READ_AHEAD_BYTES = 1 << 16
+# What paho writes to its socketpair to wake the loop (any single byte does).
+_WAKE_BYTE = b"0"
+
+
+class _HeldWakeups:
+    """Stands in for paho's socketpair writer while a thread holds its wake-ups."""
+
+    def __init__(self) -> None:
+        self.owed = False
+
+    def send(self, data: bytes) -> int:
+        self.owed = True
+        return len(data)
+
+
+class Client(paho.Client):
+    """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._held = threading.local()
+        self._real_sockpair_w = None
+        self._ahead = b""
+        self._ahead_pos = 0
+        super().__init__(*args, **kwargs)
+
+    # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in.
+    @property
+    def _sockpairW(self) -> Any:  # noqa: N802 - paho's name
+        held = getattr(self._held, "wakeups", None)
+        return held if held is not None and self._real_sockpair_w is not None else self._real_sockpair_w
+
+    @_sockpairW.setter
+    def _sockpairW(self, value: Any) -> None:  # noqa: N802
+        self._real_sockpair_w = value
+
+    @contextmanager
+    def quiet_wakeups(self) -> Iterator[None]:
+        """Publishes and acks queued in this block wake paho's loop once, at the end."""
+        held = _HeldWakeups()
+        self._held.wakeups = held
+        try:
+            yield
+        finally:
+            self._held.wakeups = None
+            writer = self._real_sockpair_w
+            if held.owed and writer is not None:
+                try:
+                    writer.send(_WAKE_BYTE)
+                except (BlockingIOError, OSError):
+                    pass  # the loop is awake already (buffer full) or the link is closing
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if self._ahead_pos >= len(self._ahead):
+            data = super()._sock_recv(max(bufsize, READ_AHEAD_BYTES))
+            if len(data) <= bufsize:
+                return data
+            self._ahead, self._ahead_pos = data, 0
+        start = self._ahead_pos
+        self._ahead_pos = min(start + bufsize, len(self._ahead))
+        return self._ahead[start : self._ahead_pos]
+
+    def _sock_close(self) -> None:
+        self._ahead, self._ahead_pos = b"", 0  # never feed a new connection the old one's bytes
+        super()._sock_close()
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        rc = super().loop_read(max_packets)
+        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._ahead_pos < len(self._ahead) and self._sock:
+            before = self._ahead_pos
+            rc = super().loop_read(max_packets)
+            if self._ahead_pos == before:
+                break  # no progress: wait for the socket
+        return rc

@@ -1,0 +1,102 @@
+"""daemon.paho_client against the real paho and a real mosquitto: read-ahead, batched wake-ups, reconnects."""
+
+from __future__ import annotations
+
+import threading
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from daemon import paho_client
+from tests.integration.conftest import WAIT_S, Client as TestClient
+
+
+class Counting:
+    """Wraps a socket-like object and counts send() calls."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.sends = 0
+
+    def send(self, data):
+        self.sends += 1
+        return self.inner.send(data)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _receiver(broker, topic: str, n: int):
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def on_message(client, userdata, msg):
+        got.append(msg.payload)
+        if len(got) >= n:
+            done.set()
+
+    subscribed = threading.Event()
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.on_message = on_message
+    c.on_connect = lambda client, *a: client.subscribe(topic, qos=1)
+    c.on_subscribe = lambda *a: subscribed.set()
+    c.reconnect_delay_set(1, 1)
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    assert subscribed.wait(WAIT_S)
+    return c, got, done
+
+
+def test_read_ahead_delivers_every_packet_in_order_with_fewer_recv_calls(broker, monkeypatch):
+    calls = []
+    real = paho.Client._sock_recv
+    monkeypatch.setattr(paho.Client, "_sock_recv",
+                        lambda self, n: (isinstance(self, paho_client.Client) and calls.append(n)) or real(self, n))
+    n = 500
+    c, got, done = _receiver(broker, "ra/t", n)
+    sender = TestClient(broker)
+    for i in range(n):
+        sender.c.publish("ra/t", str(i).encode(), qos=1)
+    assert done.wait(WAIT_S)
+    sender.close()
+    c.disconnect()
+    c.loop_stop()
+    assert got == [str(i).encode() for i in range(n)]
+    assert len(calls) < n  # paho alone makes 3 recv() calls per message
+
+
+def test_quiet_wakeups_wake_the_loop_once_for_a_batch(broker):
+    n = 100
+    sink, got, done = _receiver(broker, "qw/t", n)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.max_inflight_messages_set(0)  # unlimited: paho's loop never queues deferred publishes itself
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    counting = Counting(c._real_sockpair_w)
+    c._sockpairW = counting
+    with c.quiet_wakeups():
+        for i in range(n):
+            c.publish("qw/t", str(i).encode(), qos=1)
+    assert counting.sends == 1
+    assert done.wait(WAIT_S) and len(got) == n
+    c.publish("qw/t", b"outside", qos=1)  # outside the block paho wakes its loop per packet again
+    assert counting.sends == 2
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_a_reconnect_starts_with_an_empty_read_ahead(broker):
+    c, got, done = _receiver(broker, "rc/t", 1)
+    broker.stop()
+    assert c._ahead_pos >= len(c._ahead)
+    broker.start()
+    sender = TestClient(broker)
+    for _ in range(int(WAIT_S / 0.2)):  # publish until the reconnected client has resubscribed
+        sender.c.publish("rc/t", b"after", qos=1)
+        if done.wait(0.2):
+            break
+    sender.close()
+    assert got and set(got) == {b"after"}
+    c.disconnect()
+    c.loop_stop()
