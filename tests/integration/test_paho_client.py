@@ -8,7 +8,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon import paho_client
-from tests.integration.conftest import WAIT_S, Client as TestClient
+from tests.integration import conftest
+from tests.integration.conftest import WAIT_S
 
 
 class Counting:
@@ -54,7 +55,7 @@ def test_read_ahead_delivers_every_packet_in_order_with_fewer_recv_calls(broker,
                         lambda self, n: (isinstance(self, paho_client.Client) and calls.append(n)) or real(self, n))
     n = 500
     c, got, done = _receiver(broker, "ra/t", n)
-    sender = TestClient(broker)
+    sender = conftest.Client(broker)
     for i in range(n):
         sender.c.publish("ra/t", str(i).encode(), qos=1)
     assert done.wait(WAIT_S)
@@ -91,7 +92,7 @@ def test_a_reconnect_starts_with_an_empty_read_ahead(broker):
     broker.stop()
     assert c._ahead_pos >= len(c._ahead)
     broker.start()
-    sender = TestClient(broker)
+    sender = conftest.Client(broker)
     for _ in range(int(WAIT_S / 0.2)):  # publish until the reconnected client has resubscribed
         sender.c.publish("rc/t", b"after", qos=1)
         if done.wait(0.2):
