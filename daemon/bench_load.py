@@ -34,6 +34,9 @@ READY_TIMEOUT_S = 60.0
 SHED_CODES = ("overloaded", "expired")
 PERCENTILES = (50, 90, 99)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The collector is MQTT v5 with the largest receive maximum, so the broker never queues
+# replies for it: past max_queued_messages (1000 by default) mosquitto drops them silently.
+_WIDE_WINDOW = ("-V", "5", "-D", "CONNECT", "receive-maximum", "65535")
 _STAT_UTIME = 13  # /proc/<pid>/stat fields after the command name: utime, stime (all threads)
 
 
@@ -64,8 +67,8 @@ class Collector:
     """Every reply on `topic_filter`, by request id (replies without an id are listed apart)."""
 
     def __init__(self, address: str, topic_filter: str):
-        self._proc = subprocess.Popen(["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter],
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        cmd = ["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.by_id: dict[int, Reply] = {}
         self.anonymous: list[Reply] = []
         self.probes = 0
