@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -37,6 +38,8 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 # The collector is MQTT v5 with the largest receive maximum, so the broker never queues
 # replies for it: past max_queued_messages (1000 by default) mosquitto drops them silently.
 _WIDE_WINDOW = ("-V", "5", "-D", "CONNECT", "receive-maximum", "65535")
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_PIPE_BYTES = 1 << 20
 _STAT_UTIME = 13  # /proc/<pid>/stat fields after the command name: utime, stime (all threads)
 
 
@@ -69,6 +72,10 @@ class Collector:
     def __init__(self, address: str, topic_filter: str):
         cmd = ["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:  # a wide pipe absorbs bursts, so mosquitto_sub never waits on the reader thread
+            fcntl.fcntl(self._proc.stdout.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+        except OSError:
+            pass
         self.by_id: dict[int, Reply] = {}
         self.anonymous: list[Reply] = []
         self.probes = 0

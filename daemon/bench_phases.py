@@ -176,11 +176,15 @@ class Phases:
         for consumer in self.consumers:
             if not ({"drain", "openloop"} & set(phases) or ("batching" in phases and consumer.kind == "daemon")):
                 continue
-            proc = self.bench.start(consumer)
             try:
-                self._per_consumer(consumer, proc)
-            finally:
-                proc.stop()
+                proc = self.bench.start(consumer)
+                try:
+                    self._per_consumer(consumer, proc)
+                finally:
+                    proc.stop()
+            except DaemonError as exc:  # record it and go on with the other consumers
+                logger.warning("%s: %s", consumer.name, exc)
+                self.bench.results.setdefault("errors", {})[consumer.name] = str(exc)
         if "openloop" in phases:
             self._wait500()
         if "cache" in phases:
