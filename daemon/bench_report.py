@@ -128,5 +128,6 @@ def summary(results: dict) -> str:
         lines += cache_lines(results["cache"], floor)
     if results.get("batching"):
         lines += batching_lines(results["batching"])
+    lines += [f"FAILED {name}: {error}" for name, error in results.get("errors", {}).items()]
     lines.append(f"wall time {results['meta']['wall_s']:.0f}s")
     return "\n".join(lines)
