@@ -22,12 +22,13 @@ pytestmark = pytest.mark.skipif(shutil.which("mosquitto_pub") is None or shutil.
                                 reason="bench e2e needs the mosquitto C clients: apt-get install mosquitto-clients")
 
 
-def _all_answered(row: dict, sent: int) -> None:
+def _all_answered(row: dict, sent: int, overload: bool = False) -> None:
     assert row["sent"] == sent
     assert row["answered"] + row["lost"] == sent
     assert row["results"] + row["overloaded"] + row["expired"] + row["other_errors"] == row["answered"]
     assert row["other_errors"] == 0
-    assert row["lost"] == 0, row
+    if not overload:  # at 2x capacity the old daemon loses requests; the bench reports it, the test does not judge
+        assert row["lost"] == 0, row
 
 
 def test_bench_e2e_quick(tmp_path):
@@ -44,8 +45,8 @@ def test_bench_e2e_quick(tmp_path):
     assert list(results["openloop"]) == [*names, WAIT_500_CONSUMER.name]
     for points in results["openloop"].values():
         for point in points:
-            _all_answered(point, point["sent"])
-            assert point["result_rtt_ms"]["p50"] is not None
+            _all_answered(point, point["sent"], overload=point["rate_spec"] == "2x")
+            assert point["answered"] > 0
     cache = results["cache"]
     assert cache["all_repeat"]["cache_hits"] == REQUESTS  # the same data again: every request a hit
     assert 0 < cache["mixed"]["cache_hits"] <= cache["mixed"]["repeats_sent"]
