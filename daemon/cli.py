@@ -59,12 +59,25 @@ def _parser() -> argparse.ArgumentParser:
     bm.add_argument("--threads", type=int, nargs="+", help="interpreter threads (default 1..cores)")
     bm.add_argument("--iterations", type=int, default=200)
     bm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    _add_bench_e2e(bench_sub)
 
     demo = sub.add_parser("demo", help="private broker + daemon + replay of the bundled test data")
     demo.add_argument("--config", type=Path, default=Path("config.yaml"))
     demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
     demo.add_argument("--quiet", action="store_true", help="print only the summary")
     return parser
+
+
+def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
+    be = bench_sub.add_parser("e2e", help="echo floor, naive script and the daemon over one private mosquitto")
+    be.add_argument("--config", type=Path, default=Path("config.yaml"), help="base config (default config.yaml)")
+    be.add_argument("--requests", type=int, help="requests per burst (default 5000)")
+    be.add_argument("--duration", type=float, help="seconds per open-loop rate (default 5; 2x for 2x capacity)")
+    be.add_argument("--rates", nargs="+", help='open-loop rates: "1000" req/s or "0.5x" the daemon\'s drain rate')
+    be.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    be.add_argument("--only", action="append", choices=("drain", "openloop", "cache", "batching"),
+                    help="run only this phase (repeatable; openloop also runs drain, which sets its rates)")
+    be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -101,6 +114,22 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    return _cmd_bench_e2e(args) if args.bench_command == "e2e" else _cmd_bench_model(args)
+
+
+def _cmd_bench_e2e(args: argparse.Namespace) -> int:
+    from daemon.bench_e2e import Plan, run_bench
+    from daemon.bench_report import summary, write_outputs
+
+    plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only)
+    results = run_bench(plan)
+    for path in write_outputs(results, args.out):
+        print(f"wrote {path}", file=sys.stderr)
+    print(summary(results))
+    return EXIT_OK
+
+
+def _cmd_bench_model(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from daemon.config import load_config
