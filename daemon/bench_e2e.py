@@ -23,22 +23,10 @@ logger = logging.getLogger(__name__)
 
 PHASES = ("drain", "openloop", "cache", "batching")
 
-# ---------------------------------------------------------------------------------------
-# SWITCH: set to True once main has the admission/batching keys (workers.queue_mb,
-# workers.max_wait_ms, batching.*). Until then the daemon runs with a queue large
-# enough to hold any burst, and "batching on" is the same config as "off".
-ADMISSION_KEYS = False
-# ---------------------------------------------------------------------------------------
-if ADMISSION_KEYS:
-    _WORKERS = {"max": 2, "queue_mb": 64, "max_wait_ms": 2000}
-    BATCH_OFF = {"workers": _WORKERS, "batching": {"max_batch": 1, "max_delay_ms": 0}, "cache": {"enabled": False}}
-    BATCH_ON = {"workers": _WORKERS, "batching": {"max_batch": 32, "max_delay_ms": 0}, "cache": {"enabled": False}}
-    WAIT_500 = {**BATCH_ON, "workers": {**_WORKERS, "max_wait_ms": 500}}
-else:
-    _WORKERS = {"max": 2, "queue": 100000}
-    BATCH_OFF = {"workers": _WORKERS, "cache": {"enabled": False}}
-    BATCH_ON = {"workers": _WORKERS, "cache": {"enabled": False}}
-    WAIT_500 = BATCH_ON
+_WORKERS = {"max": 2, "queue_mb": 64, "max_wait_ms": 2000}
+BATCH_OFF = {"workers": _WORKERS, "batching": {"max_batch": 1, "max_delay_ms": 0}, "cache": {"enabled": False}}
+BATCH_ON = {"workers": _WORKERS, "batching": {"max_batch": 32, "max_delay_ms": 0}, "cache": {"enabled": False}}
+WAIT_500 = {**BATCH_ON, "workers": {**_WORKERS, "max_wait_ms": 500}}
 CACHE_ON = {**BATCH_ON, "cache": {"enabled": True}}
 
 DEFAULT_REQUESTS = 5000
@@ -102,6 +90,6 @@ def meta(plan: Plan, wall_s: float) -> dict:
 
     consumers = {c.name: c.overrides for c in (*CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER)}
     return {"wall_s": round(wall_s, 1), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(), "admission_keys": ADMISSION_KEYS, "overrides": consumers,
+            "python": platform.python_version(), "overrides": consumers,
             "plan": {"requests": plan.requests, "duration_s": plan.duration, "rates": list(plan.rates),
                      "phases": list(plan.phases), "settle_s": plan.settle, "warmup": plan.warmup}}
