@@ -36,8 +36,14 @@ class Decoded:
     timeout_ms: Optional[float] = None  # JSON requests may bound their own wait
 
 
-def decode(payload: bytes, spec: InputConfig) -> Decoded:
-    """Check size, parse by format, then check element count, shape and finiteness."""
+NOT_FINITE = "data contains NaN or infinity, or values beyond float32"
+
+
+def decode(payload: bytes, spec: InputConfig, check_finite: bool = True) -> Decoded:
+    """Check size, parse by format, then check element count, shape and finiteness.
+
+    `check_finite=False` leaves the finiteness check to a caller that checks a whole batch
+    at once (`pipeline.handle_batch`): one vectorized pass instead of one per request."""
     if len(payload) > spec.max_bytes:
         raise PayloadError(TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {spec.max_bytes}")
     timeout_ms = None
@@ -49,7 +55,10 @@ def decode(payload: bytes, spec: InputConfig) -> Decoded:
         request_id, array = None, _decode_npy(payload)
     else:
         request_id, array = None, _decode_image(payload, spec)
-    return Decoded(request_id, _conform(array, spec, request_id), timeout_ms)
+    data = _conform(array, spec, request_id)
+    if check_finite and not np.isfinite(data).all():
+        raise PayloadError(BAD_PAYLOAD, NOT_FINITE, request_id)
+    return Decoded(request_id, data, timeout_ms)
 
 
 def _decode_json(payload: bytes) -> tuple[Any, np.ndarray, Optional[float]]:
@@ -141,12 +150,7 @@ def _conform(array: np.ndarray, spec: InputConfig, request_id: Any) -> np.ndarra
     if array.dtype != np.float32:
         with np.errstate(over="ignore"):  # values beyond float32 become inf here and are refused below
             array = array.astype(np.float32)
-    data = array.reshape(spec.shape)
-    # One reduction instead of isfinite().all(): a float64 sum of float32 values cannot
-    # overflow, and any NaN or infinity makes it non-finite.
-    if not math.isfinite(data.sum(dtype=np.float64)):
-        raise PayloadError(BAD_PAYLOAD, "data contains NaN or infinity, or values beyond float32", request_id)
-    return data
+    return array.reshape(spec.shape)
 
 
 def scan_id(payload: bytes, spec: InputConfig) -> Any:

@@ -20,7 +20,7 @@ import numpy as np
 from daemon import codecs, preprocess
 from daemon.cache import make_key
 from daemon.config import RouteConfig
-from daemon.errors import EXPIRED, PayloadError
+from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
@@ -75,16 +75,18 @@ class RoutePipeline:
     def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str]) -> "RoutePipeline":
         return cls(route, model_sha256, tuple(labels))
 
-    def decode(self, payload: bytes) -> codecs.Decoded:
-        return codecs.decode(payload, self.route.input)
+    def decode(self, payload: bytes, check_finite: bool = True) -> codecs.Decoded:
+        return codecs.decode(payload, self.route.input, check_finite)
 
     def preprocess(self, batch: np.ndarray) -> np.ndarray:
         """(N, *input.shape) in sensor units -> (N, *model input shape) float32."""
         return preprocess.apply_steps(self.route.preprocess, batch)
 
-    def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float) -> dict:
-        """One score vector -> the contract's result object."""
-        order = np.argsort(-scores, kind="stable")
+    def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,
+                    order: Optional[np.ndarray] = None) -> dict:
+        """One score vector (and its descending order, when the caller sorted a batch) -> a result."""
+        if order is None:
+            order = np.argsort(-scores, kind="stable")
         top = order[: self.route.top_k]
         best = int(order[0])
         return {
@@ -118,27 +120,43 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
         replies[i] = _expired(pipe, requests[i], d, now)
         if replies[i] is None:
             live.append((i, d))
-    decoded = live
+    x = _finite_rows(pipe, live, replies)
+    decoded = [(i, d) for i, d in live if replies[i] is None]
     fresh: list[CacheEntry] = []
     if decoded:
-        q = model.quantize(pipe.preprocess(np.stack([d.data for _, d in decoded])))
+        q = model.quantize(pipe.preprocess(x))
         mark = clock()
         stages["preprocess"] = mark - now
         scores, cached, fresh = _scores(pipe, q, model, cache)
         now = clock()
         stages["infer"] = now - mark
+        orders = np.argsort(-scores, axis=1, kind="stable")  # one sort for the batch, not one per reply
         for row, (i, d) in enumerate(decoded):
             replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
-                                          (now - requests[i].received_at) * 1000.0)
+                                          (now - requests[i].received_at) * 1000.0, orders[row])
         stages["postprocess"] = clock() - now
     return Outcome(replies, fresh, stages)
+
+
+def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], replies: list) -> np.ndarray:
+    """The stacked inputs with non-finite rows answered `bad_payload` and left out: one pass for the batch."""
+    if not decoded:
+        return np.empty((0,))
+    x = np.stack([d.data for _, d in decoded])
+    finite = np.isfinite(x.reshape(len(decoded), -1)).all(axis=1)
+    if finite.all():
+        return x
+    for ok, (i, d) in zip(finite, decoded):
+        if not ok:
+            replies[i] = pipe.error(d.request_id, BAD_PAYLOAD, codecs.NOT_FINITE)
+    return x[finite]
 
 
 def _decode_all(pipe: RoutePipeline, requests: Sequence[Request], replies: list) -> list[tuple[int, codecs.Decoded]]:
     decoded = []
     for i, request in enumerate(requests):
         try:
-            decoded.append((i, pipe.decode(request.payload)))
+            decoded.append((i, pipe.decode(request.payload, check_finite=False)))
         except PayloadError as exc:
             replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
     return decoded

@@ -89,10 +89,13 @@ def test_a_batch_reuses_hits_runs_misses_in_one_invoke_and_returns_the_new_entri
 def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_results():
     model = FakeModel()
     requests = [Request(_request([1, 1, 0, 0]), 0.0), Request(b"nope", 0.0), Request(_request([1, 2]), 0.0),
-                Request(_request([-1, -1, 0, 0], timeout_ms=5), 0.0)]
+                Request(_request([-1, -1, 0, 0], timeout_ms=5), 0.0), Request(_request([1e39, 1, 0, 0]), 0.0),
+                Request(_request([-1, -1, 0, 0]), 0.0)]
     replies = handle_batch(PIPE, requests, model, None, lambda: 0.006).replies
-    assert [r.get("error", {}).get("code") for r in replies] == [None, "bad_payload", "bad_shape", "expired"]
-    assert replies[0]["label"] == "high" and replies[2]["id"] == "q" and model.calls == [1]
+    codes = [r.get("error", {}).get("code") for r in replies]
+    assert codes == [None, "bad_payload", "bad_shape", "expired", "bad_payload", None]  # 1e39 is inf in float32
+    assert "NaN or infinity" in replies[4]["error"]["message"] and replies[4]["id"] == "q"
+    assert replies[0]["label"] == "high" and replies[5]["label"] == "low" and model.calls == [2]
 
 
 def test_bad_input_and_expiry_are_error_replies():
