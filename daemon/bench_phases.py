@@ -199,12 +199,14 @@ class Phases:
             logger.info("drain: %s, %d requests", consumer.name, self.plan.requests)
             results["drain"][consumer.name] = self.bench.drain(proc, self.line, REQUEST_TOPIC, self.plan.requests)
             self.capacity[consumer.name] = results["drain"][consumer.name]["rps"]
-        if "openloop" in results:
-            results["openloop"][consumer.name] = [self._paced_point(proc, consumer, text)
-                                                  for text in self.plan.rates]
+        # Batching before the open loop: past capacity a backlog builds up in the broker, and
+        # the consumer is still working it off when the open loop's last point ends.
         if "batching" in results and consumer.kind == "daemon":
             logger.info("batching: %s, %d raw appliance requests", consumer.name, self.plan.requests)
             results["batching"][consumer.name] = self._raw_drain(proc)
+        if "openloop" in results:
+            results["openloop"][consumer.name] = [self._paced_point(proc, consumer, text)
+                                                  for text in self.plan.rates]
 
     def reference_capacity(self) -> float:
         """The batching-off daemon's drain rate: the unit of "Nx" rates."""
