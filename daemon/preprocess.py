@@ -4,8 +4,9 @@ Every step works on a batch: `apply` takes an array of shape (N, *sample_shape) 
 returns (N, *new_sample_shape). Axes in the config refer to the sample, never to the
 batch, so `downsample: {axis: 0}` is the time axis of each sample. `out_shape` gives the
 sample shape a step produces (or raises ValueError), which lets config validation
-check a route against its model before any data arrives. `spec` is the canonical form
-that goes into the cache key.
+check a route against its model before any data arrives. `canonical` is the JSON-able
+form that model cards record (the cache keys on the model's INT8 input instead, which
+already reflects every step).
 """
 
 from __future__ import annotations
@@ -277,5 +278,5 @@ def step_name(step: Step) -> str:
 
 
 def canonical(steps: Sequence[Step]) -> list[dict]:
-    """A JSON-able, order-preserving description of the steps (part of the cache key)."""
+    """A JSON-able, order-preserving description of the steps (recorded in model cards)."""
     return [{step_name(s): asdict(s)} for s in steps]
