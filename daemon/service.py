@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from daemon import codecs
 from daemon.cache import ResultCache
 from daemon.config import Config, WorkersConfig, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
@@ -94,7 +95,7 @@ class Service:
             self.startup()
             logger.info("serving %d route(s) with %d worker(s)", len(self.config.routes), self.config.workers.max)
             while not self._stop.wait(STATS_LOG_INTERVAL_S):
-                logger.info("stats %s", self.stats.snapshot())
+                logger.info("stats %s", codecs.encode(self.snapshot()).decode())
         finally:
             self.shutdown()
 
@@ -114,7 +115,18 @@ class Service:
                 step.stop()
             except Exception:  # keep stopping the rest
                 logger.exception("shutdown step %s failed", step.name)
-        logger.info("stopped; stats %s", self.stats.snapshot())
+        logger.info("stopped; stats %s", codecs.encode(self.snapshot()).decode())
+
+    def snapshot(self) -> dict:
+        """Counters and stage histograms, plus the cache (hit rate) and the queue (depth, bytes, wait)."""
+        out = self.stats.snapshot()
+        if self._cache is not None:
+            out["cache"] = self._cache.snapshot()
+        if self._dispatcher is not None:
+            admission, pool = self._dispatcher.admission, self._dispatcher.pool
+            out["queue"] = {"depth": pool.depth, "busy": pool.busy, "bytes": admission.queued_bytes,
+                            "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
+        return out
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self._on_stop_signal("SIGTERM"))

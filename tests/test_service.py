@@ -57,3 +57,20 @@ def test_a_second_sigint_during_the_drain_is_not_swallowed_by_shutdown():
 def test_receive_maximum_lets_the_broker_stream_what_the_byte_budget_holds():
     assert receive_maximum(WorkersConfig(max=2, queue_mb=64)) == 65535  # the MQTT v5 maximum
     assert receive_maximum(WorkersConfig(max=1, queue_mb=1)) == 1024
+
+
+def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
+    from dataclasses import replace
+
+    config = load_config(ROOT / "config.yaml")
+    service = Service(replace(config, cache=replace(config.cache, dir=tmp_path / "cache")))
+    for step in service.steps()[:3]:  # models, cache, workers: no broker needed
+        step.start()
+        service._started.append(step)
+    try:
+        snapshot = service.snapshot()
+    finally:
+        service.shutdown()
+    assert snapshot["cache"]["hit_rate"] == 0.0 and snapshot["cache"]["entries"] == 0
+    assert snapshot["queue"] == {"depth": 0, "busy": 0, "bytes": 0, "predicted_wait_ms": 0.0}
+    assert "stages_ms" in snapshot and "batch_size" in snapshot
