@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from daemon import codecs, pipeline, topics
@@ -56,6 +56,14 @@ class Job:
 
 
 WorkerModels = Mapping[str, Model]  # one worker's private interpreters, by model name
+
+
+@dataclass
+class _Tally:
+    """What a batch's replies add to the stats, recorded under one lock at the end."""
+
+    counts: Counter = field(default_factory=Counter)
+    latencies_ms: list = field(default_factory=list)
 
 
 class Dispatcher:
@@ -114,7 +122,9 @@ class Dispatcher:
 
     def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
         request_id = codecs.scan_id(inbound.payload, pipe.route.input)
-        self._send(inbound, reply_topic, pipe.error(request_id, refusal.code, refusal.message))
+        tally = _Tally()
+        self._send(inbound, reply_topic, pipe.error(request_id, refusal.code, refusal.message), tally)
+        self._stats.record(tally.counts)
 
     def _route(self, topic: str) -> Optional[tuple[RoutePipeline, str]]:
         found = self._routes.get(topic)
@@ -136,8 +146,8 @@ class Dispatcher:
         groups: dict[str, list[Job]] = {}
         for job in jobs:
             self.admission.release(job.ticket)
-            self._stats.observe_stage("queue", now - job.inbound.received_at)
             groups.setdefault(job.pipe.route.name, []).append(job)
+        self._stats.observe_stages("queue", [now - job.inbound.received_at for job in jobs])
         self._stats.observe_batch(len(jobs))
         for group in groups.values():
             self._process_group(models[group[0].pipe.route.model], group)
@@ -148,10 +158,12 @@ class Dispatcher:
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
+        tally = _Tally()
         with self._transport.batch() if self._transport is not None else nullcontext():
             for job, reply in zip(group, outcome.replies):
-                self._send(job.inbound, job.reply_topic, reply)
+                self._send(job.inbound, job.reply_topic, reply, tally)
         done = self._clock()
+        self._stats.record(tally.counts, tally.latencies_ms)
         self._stats.observe_stage("publish", done - published)
         self.admission.observe(group[0].pipe.route.name, len(group), done - started)
         if self._cache is not None and outcome.fresh:
@@ -175,16 +187,16 @@ class Dispatcher:
         request_id = codecs.scan_id(job.inbound.payload, job.pipe.route.input)
         return job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
 
-    def _send(self, inbound: Inbound, reply_topic: str, reply: dict) -> None:
+    def _send(self, inbound: Inbound, reply_topic: str, reply: dict, tally: "_Tally") -> None:
         error = reply.get("error")
         if error:
-            self._stats.incr(f"errors.{error['code']}")
+            tally.counts[f"errors.{error['code']}"] += 1
             self._log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,
                               error["code"], error["message"])
         else:
-            self._stats.incr("results")
-            self._stats.incr("cache_hits" if reply["cached"] else "inferences")
-            self._stats.observe_latency(reply["latency_ms"])
+            tally.counts["results"] += 1
+            tally.counts["cache_hits" if reply["cached"] else "inferences"] += 1
+            tally.latencies_ms.append(reply["latency_ms"])
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.publish(topic, codecs.encode(reply), correlation_data=inbound.correlation_data)

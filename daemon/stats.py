@@ -13,7 +13,7 @@ import bisect
 import threading
 import time
 from collections import Counter, deque
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -47,12 +47,22 @@ class Stats:
         with self._lock:
             self._latency_ms.append(ms)
 
+    def record(self, counts: Mapping[str, int], latencies_ms: Sequence[float] = ()) -> None:
+        """A batch's counters and result latencies under one lock."""
+        with self._lock:
+            self._counts.update(counts)
+            self._latency_ms.extend(latencies_ms)
+
     def observe_stage(self, stage: str, seconds: float) -> None:
+        self.observe_stages(stage, (seconds,))
+
+    def observe_stages(self, stage: str, values: Sequence[float]) -> None:
         with self._lock:
             histogram = self._stages.get(stage)
             if histogram is None:
                 histogram = self._stages[stage] = Histogram(STAGE_BUCKETS_S)
-            histogram.add(seconds)
+            for seconds in values:
+                histogram.add(seconds)
 
     def observe_batch(self, size: int) -> None:
         with self._lock:
