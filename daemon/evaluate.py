@@ -112,7 +112,7 @@ def bench_model(config: Config, route_name: str, batches: tuple[int, ...] = (1, 
     for backend, xnnpack in variants:
         label = backend if xnnpack or backend != "litert" else "litert-ref"
         for n_threads in threads or list(range(1, (os.cpu_count() or 1) + 1)):
-            model = Model(path, backend=backend, num_threads=n_threads, xnnpack=xnnpack)
+            model = Model(path, backend=backend, num_threads=n_threads, xnnpack=xnnpack, max_batch=max(batches))
             for batch in batches:
                 progress(f"{label} threads={n_threads} batch={batch}")
                 rows.append(_time_invokes(model, label, n_threads, batch, iterations))
