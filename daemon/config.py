@@ -27,6 +27,7 @@ DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` un
 INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
+MAX_SESSION_EXPIRY_S = 0xFFFFFFFF
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 
 
@@ -46,6 +47,10 @@ class MqttConfig:
     """First reconnect delay in whole seconds; doubles up to `reconnect_max_s`."""
     reconnect_max_s: int = 30
     """Cap on the reconnect delay."""
+    session_expiry_s: int = 86400
+    """How long the broker keeps the daemon's session (subscriptions and unacked requests)
+    while it is away, so nothing sent meanwhile is lost. 0: a clean session every connect.
+    MQTT 3.1.1 has no expiry: any value > 0 means `clean_session=False`."""
     username: Optional[str] = None
     """Broker user name, or None for anonymous."""
     password: Optional[str] = None
@@ -62,6 +67,10 @@ class MqttConfig:
     @property
     def is_v5(self) -> bool:
         return self.protocol == 5
+
+    @property
+    def persistent(self) -> bool:
+        return self.session_expiry_s > 0
 
     @property
     def status_topic(self) -> str:
@@ -232,9 +241,15 @@ def _read_mqtt(r: Reader, m: Mapping) -> MqttConfig:
         keepalive_s=r.get(m, "keepalive_s", p, int, d.keepalive_s, minimum=5),
         reconnect_min_s=r.get(m, "reconnect_min_s", p, int, d.reconnect_min_s, minimum=1),
         reconnect_max_s=r.get(m, "reconnect_max_s", p, int, d.reconnect_max_s, minimum=1),
+        session_expiry_s=r.get(m, "session_expiry_s", p, int, d.session_expiry_s, minimum=0,
+                               check=_within_session_expiry),
         username=r.get(m, "username", p, (str, type(None)), None),
         password=r.get(m, "password", p, (str, type(None)), None),
     )
+
+
+def _within_session_expiry(value: int) -> Optional[str]:
+    return None if value <= MAX_SESSION_EXPIRY_S else f"must be <= {MAX_SESSION_EXPIRY_S} (MQTT's 32-bit limit)"
 
 
 def _no_wildcards(value: str) -> Optional[str]:

@@ -14,9 +14,18 @@ that shape this module:
   `on_connect` set TCP_NODELAY (88 ms round trip -> see docs/performance.md).
 - The LWT is not sent on a clean disconnect: `stop()` publishes `offline` itself.
 - `manual_ack=True`: a QoS>0 request is acknowledged only after its reply is
-  published (`ack`). With MQTT v5 the CONNECT carries ReceiveMaximum, so the broker
-  holds back requests beyond what the daemon can queue instead of pushing them all
-  (mosquitto would otherwise drop QoS 1 messages silently past its queue limit).
+  published (`ack`). With MQTT v5 the CONNECT carries ReceiveMaximum (see
+  service.receive_maximum for why it is high).
+- A persistent session (`mqtt.session_expiry_s` > 0: v5 `clean_start=False` with a
+  SessionExpiryInterval, 3.1.1 `clean_session=False`) keeps the subscriptions and the
+  unacked requests at the broker while the daemon is away; the broker redelivers them
+  on reconnect, right after CONNACK and before any SUBSCRIBE. So requests are handed
+  on from the first connect (the dispatcher queues them until the workers start), and
+  `close_intake` keeps the subscriptions: what arrives after it stays unacked and is
+  redelivered to the next run.
+- Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
+  on subscribe) and Retain As Published, and any message with the retain flag (a
+  retained delivery, or an empty retained clear) is acked and dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config import MqttConfig
 from daemon.paho_client import Client
@@ -77,10 +87,13 @@ class MqttLink:
         self._filters = tuple(filters)
         self._handler = on_message
         self._accepting = threading.Event()
+        self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
+        self._subscribing = threading.Event()
         self.connected = threading.Event()
         protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
+        clean_session = None if config.is_v5 else not config.persistent
         self._client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
-                                   manual_ack=True)
+                              clean_session=clean_session, manual_ack=True)
         if config.username is not None:
             self._client.username_pw_set(config.username, config.password)
         self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
@@ -94,32 +107,41 @@ class MqttLink:
         """Connect in the background; retries with capped backoff while the broker is down."""
         logger.info("connecting to mqtt://%s:%d as %r (MQTT %s)", self._config.host, self._config.port,
                     self._config.client_id, "v5" if self._config.is_v5 else "3.1.1")
-        properties = None
-        if self._config.is_v5 and self._receive_maximum:
-            # The broker should send at most this many unacked QoS>0 requests; acks follow
-            # the reply. See service.receive_maximum for the size and mosquitto's overshoot.
+        options: dict = {}
+        if self._config.is_v5:
             properties = Properties(PacketTypes.CONNECT)
-            properties.ReceiveMaximum = self._receive_maximum
+            if self._receive_maximum:
+                properties.ReceiveMaximum = self._receive_maximum
+            if self._config.persistent:
+                properties.SessionExpiryInterval = self._config.session_expiry_s
+            options = {"properties": properties, "clean_start": not self._config.persistent}
         self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
-                                   properties=properties)
+                                   **options)
         self._client.loop_start()
 
     def open_intake(self) -> None:
-        """Start receiving requests: subscribe now if connected, and on every (re)connect."""
-        self._accepting.set()
+        """Subscribe now if connected, and on every (re)connect; then announce `online`."""
+        self._subscribing.set()
         if self.connected.is_set():
             self._subscribe()
 
     def close_intake(self) -> None:
-        """Stop handing on requests. Ones that arrive now stay unacked: without a persistent
-        session (v5 session expiry is 0 for now) the broker drops them with the session."""
+        """Stop handing on requests; what arrives now stays unacked. A persistent session keeps
+        the subscriptions, so the broker holds (and redelivers) requests for the next run."""
         self._accepting.clear()
-        if self.connected.is_set() and self._filters:
+        self._subscribing.clear()
+        if self.connected.is_set() and self._filters and not self._config.persistent:
             self._client.unsubscribe(list(self._filters))
 
     def _subscribe(self) -> None:
         if self._filters:
-            self._client.subscribe([(f, self._config.qos) for f in self._filters])
+            qos = self._config.qos
+            if self._config.is_v5:
+                options = SubscribeOptions(qos=qos, retainAsPublished=True,
+                                           retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+                self._client.subscribe([(f, options) for f in self._filters])
+            else:
+                self._client.subscribe([(f, qos) for f in self._filters])
         self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -129,7 +151,7 @@ class MqttLink:
         logger.info("connected to %s", self._config.broker)
         disable_nagle(client.socket())
         self.connected.set()
-        if self._accepting.is_set():
+        if self._subscribing.is_set():
             self._subscribe()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -147,6 +169,9 @@ class MqttLink:
         try:
             if not self._accepting.is_set():
                 return  # stopping: leave it unacked (see close_intake)
+            if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
+                client.ack(msg.mid, msg.qos)
+                return
             self._handler(self._convert(msg))
         except Exception:  # paho's loop thread must survive anything a message does
             logger.exception("failed to hand on a message from %r", msg.topic)

@@ -1,10 +1,13 @@
 """Builds the daemon from a Config and runs it: ordered start-up, reversed shutdown.
 
-Start-up is one list of steps: models -> cache -> workers -> mqtt -> intake. Shutdown
-runs the started steps in reverse, so intake closes first, queued and in-flight work
-drains (its replies still go out over the open connection), then `offline` is
-published and the connection closed. A step that fails at start-up stops the ones
-before it and re-raises; only `cli.py` turns that into an exit code.
+Start-up is one list of steps: models -> cache -> dispatcher -> mqtt -> workers -> intake.
+MQTT connects before the workers start because a resumed persistent session delivers
+its held requests right at connect: the dispatcher queues them until the workers run.
+Shutdown runs the started steps in reverse: intake closes first, then the workers
+drain queued and in-flight work while MQTT still carries their replies and acks, and
+only then is `offline` published and the connection closed. A step that fails at
+start-up stops the ones before it and re-raises; only `cli.py` turns that into an exit
+code.
 
 Signals: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises
 `ForcedExit`. SIGHUP is logged and ignored until hot reload lands.
@@ -82,8 +85,9 @@ class Service:
         return [
             Step("models", self._load_models),
             Step("cache", self._open_cache, self._close_cache),
-            Step("workers", self._start_workers, self._stop_workers),
+            Step("dispatcher", self._build_dispatcher),
             Step("mqtt", self._connect, self._disconnect),
+            Step("workers", self._start_workers, self._stop_workers),
             Step("intake", lambda: self._link.open_intake(), lambda: self._link.close_intake()),
         ]
 
@@ -177,10 +181,12 @@ class Service:
         if self._cache is not None:
             self._cache.close()
 
-    def _start_workers(self) -> None:
+    def _build_dispatcher(self) -> None:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
         self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models,
                                       self.config.batching)
+
+    def _start_workers(self) -> None:
         self._dispatcher.start()
 
     def _stop_workers(self) -> None:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_startup_is_one_ordered_list_and_shutdown_its_reverse():
     service = Service(load_config(ROOT / "config.yaml"))
-    assert [s.name for s in service.steps()] == ["models", "cache", "workers", "mqtt", "intake"]
+    assert [s.name for s in service.steps()] == ["models", "cache", "dispatcher", "mqtt", "workers", "intake"]
 
 
 def test_first_sigint_asks_to_drain_and_the_second_forces_the_exit():
@@ -64,7 +64,8 @@ def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
 
     config = load_config(ROOT / "config.yaml")
     service = Service(replace(config, cache=replace(config.cache, dir=tmp_path / "cache")))
-    for step in service.steps()[:3]:  # models, cache, workers: no broker needed
+    steps = {s.name: s for s in service.steps()}
+    for step in (steps["models"], steps["cache"], steps["dispatcher"], steps["workers"]):  # no broker needed
         step.start()
         service._started.append(step)
     try:
