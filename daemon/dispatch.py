@@ -39,6 +39,7 @@ class Transport(Protocol):
     def publish(self, topic: str, payload: bytes, retain: bool = False,
                 correlation_data: Optional[bytes] = None) -> object: ...
     def ack(self, inbound: Inbound) -> None: ...
+    def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None: ...
     def batch(self) -> AbstractContextManager: ...
 
 
@@ -199,8 +200,7 @@ class Dispatcher:
             tally.latencies_ms.append(reply["latency_ms"])
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
-            self._transport.publish(topic, codecs.encode(reply), correlation_data=inbound.correlation_data)
-        self._ack(inbound)
+            self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
 
     def _ack(self, inbound: Inbound) -> None:
         if self._transport is not None:

@@ -13,8 +13,12 @@ that shape this module:
 - paho leaves Nagle's algorithm on: replies waited ~40 ms for delayed ACKs until
   `on_connect` set TCP_NODELAY (88 ms round trip -> see docs/performance.md).
 - The LWT is not sent on a clean disconnect: `stop()` publishes `offline` itself.
-- `manual_ack=True`: a QoS>0 request is acknowledged only after its reply is
-  published (`ack`). With MQTT v5 the CONNECT carries ReceiveMaximum (see
+- `manual_ack=True`: a QoS>0 request is acknowledged only once its reply is safe at
+  the broker: the reply's own PUBACK is back (`on_publish` with the reply's mid). Acking
+  when the reply was merely queued lost requests: past 20 replies in flight paho holds
+  further QoS 1 publishes in memory but writes PUBACKs at once, so a daemon killed then
+  had acked requests whose replies never left (measured: 238 of 600 unanswered after a
+  SIGKILL and restart). With MQTT v5 the CONNECT carries ReceiveMaximum (see
   service.receive_maximum for why it is high).
 - A persistent session (`mqtt.session_expiry_s` > 0: v5 `clean_start=False` with a
   SessionExpiryInterval, 3.1.1 `clean_session=False`) keeps the subscriptions and the
@@ -77,6 +81,44 @@ class Inbound:
     expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
 
 
+class _AckWhenSafe:
+    """Request acks held until the broker has the reply (its PUBACK), by reply mid.
+
+    paho runs `on_publish` before it marks the message published, and may run it before
+    `publish()` has returned the mid to us; such early completions wait in `_early` for
+    the publish that produced them. Every publish registers (status ones with no request),
+    so an early mid is always claimed and none go stale."""
+
+    def __init__(self, ack: Callable[["Inbound"], None]):
+        self._ack = ack
+        self._lock = threading.Lock()
+        self._awaiting: dict[int, Optional[Inbound]] = {}
+        self._early: set[int] = set()
+
+    def register(self, mid: int, inbound: Optional["Inbound"]) -> None:
+        with self._lock:
+            if mid in self._early:
+                self._early.discard(mid)
+            else:
+                self._awaiting[mid] = inbound
+                return
+        if inbound is not None:
+            self._ack(inbound)
+
+    def completed(self, mid: int) -> None:
+        with self._lock:
+            if mid not in self._awaiting:
+                self._early.add(mid)
+                return
+            inbound = self._awaiting.pop(mid)
+        if inbound is not None:
+            self._ack(inbound)
+
+    @property
+    def pending(self) -> int:
+        return len(self._awaiting)
+
+
 class MqttLink:
     """One paho client: status, intake of the given filters, replies and acks."""
 
@@ -102,6 +144,8 @@ class MqttLink:
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
+        self._client.on_publish = self._on_publish
+        self._safe = _AckWhenSafe(self.ack)
 
     def start(self) -> None:
         """Connect in the background; retries with capped backoff while the broker is down."""
@@ -193,11 +237,28 @@ class MqttLink:
     def publish(self, topic: str, payload: bytes, retain: bool = False,
                 correlation_data: Optional[bytes] = None) -> paho.MQTTMessageInfo:
         """Queue a publish (non-blocking; paho sends it from its loop thread)."""
+        return self._publish(topic, payload, retain, correlation_data, None)
+
+    def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
+        """Publish a request's reply, and ack the request once the broker has the reply."""
+        self._publish(topic, payload, False, inbound.correlation_data, inbound)
+
+    def _publish(self, topic: str, payload: bytes, retain: bool, correlation_data: Optional[bytes],
+                 inbound: Optional[Inbound]) -> paho.MQTTMessageInfo:
         properties = None
         if correlation_data is not None and self._config.is_v5:
             properties = Properties(PacketTypes.PUBLISH)
             properties.CorrelationData = correlation_data
-        return self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+        info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+        if self._config.qos > 0:
+            self._safe.register(info.mid, inbound)
+        elif inbound is not None:
+            self.ack(inbound)  # QoS 0 replies are never acknowledged; nothing to wait for
+        return info
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        if self._config.qos > 0:
+            self._safe.completed(mid)
 
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""

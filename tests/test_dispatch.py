@@ -38,6 +38,10 @@ class Recorder:
     def ack(self, inbound):
         self.acked.append(inbound.mid)
 
+    def reply(self, topic, payload, inbound):
+        self.publish(topic, payload, correlation_data=inbound.correlation_data)
+        self.ack(inbound)
+
     def batch(self):
         return contextlib.nullcontext()
 

@@ -1,0 +1,117 @@
+"""Faults over a real mosquitto: nothing the daemon received is left unanswered.
+
+Each test injects one fault (a signal at a chosen moment, a retained message) and checks
+the outcome by counting replies per request id; waits are event-driven.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import numpy as np
+
+from tests.integration.conftest import ROOT, WAIT_S, Client, Daemon, write_config
+
+
+def _payloads(n: int) -> list[bytes]:
+    with np.load(ROOT / "models/activity/test.npz") as data:
+        x = data["x"]
+    return [json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode() for i in range(n)]
+
+
+def _final_stats(log: str) -> dict:
+    """The JSON stats of the daemon's last log line ("stopped; stats {...}")."""
+    found = re.findall(r"stopped; stats (\{.*\})", log)
+    assert found, log[-2000:]
+    return json.loads(found[-1])
+
+
+def _wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
+    """Every reply on `topic` once n distinct ids have been answered (or the wait ran out)."""
+    def replies() -> list[dict]:
+        return [json.loads(m.payload) for m in client.messages if m.topic == topic]
+    with client.cond:
+        client.cond.wait_for(lambda: len({r["id"] for r in replies()}) >= n, WAIT_S)
+        return replies()
+
+
+def _burst(client: Client, topic: str, payloads: list[bytes]) -> None:
+    """Queue every publish at once (QoS 1), without waiting for each to be acknowledged."""
+    infos = [client.c.publish(topic, p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(60)
+
+
+def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(tmp_path, broker, client,
+                                                                                start_daemon):
+    # One worker, batch 1, the heavier model: most of the burst is still queued at SIGTERM.
+    config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1})
+    daemon = start_daemon(config, wait_online=client)
+    client.subscribe("results/t1/appliance")
+    with np.load(ROOT / "models/appliance/test.npz") as data:
+        x = data["x"]
+    _burst(client, "plugs/t1/power", [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode()
+                                      for i in range(1000)])
+    daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
+    assert daemon.stop() == 0, daemon.log()
+    counts = _final_stats(daemon.log())["counts"]
+    received = counts["received"]
+    answered = counts.get("results", 0) + sum(v for k, v in counts.items() if k.startswith("errors."))
+    assert received > 0 and answered == received  # every request the daemon took was processed...
+    replies = _wait_unique_ids(client, "results/t1/appliance", received)  # ...and its reply left before `offline`
+    assert len({r["id"] for r in replies}) == received
+
+
+def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path, broker, client, start_daemon):
+    config = write_config(tmp_path, cache={"enabled": False})
+    first = start_daemon(config, wait_online=client)
+    client.subscribe("results/k1/activity")
+    n = 600
+    payloads = _payloads(n)
+    _burst(client, "sensors/k1/imu", payloads[:300])
+    client.wait_count("results/k1/activity", 20)  # it is serving
+    first.stop(signal.SIGKILL)  # unacked requests stay in its persistent session at the broker
+    _burst(client, "sensors/k1/imu", payloads[300:])  # sent while no daemon runs: held for its session
+    start_daemon(config)
+    replies = _wait_unique_ids(client, "results/k1/activity", n)
+    assert {r["id"] for r in replies} == set(range(n))  # every request answered at least once; duplicates allowed
+    assert all("label" in r for r in replies)
+
+
+def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon):
+    payload = _payloads(1)[0]
+    client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
+    start_daemon(write_config(tmp_path, workers={"max": 1}), wait_online=client)
+    client.subscribe("results/r1/activity")
+    client.c.publish("sensors/r1/imu", b"", qos=1, retain=True).wait_for_publish(60)  # clears the retained one
+    client.publish("sensors/r1/imu", payload.replace(b'"id": 0', b'"id": "live"'))
+    [reply] = client.wait_json("results/r1/activity")  # one worker, in order: an answer to either would be first
+    assert reply["id"] == "live" and "label" in reply
+
+
+def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
+    from daemon.broker import Broker
+
+    broker = Broker(tmp_path / "late-broker")
+    config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
+    daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
+    try:
+        with open(tmp_path / "daemon.log") as log:  # wait until it has tried, and failed, to connect
+            for _ in range(600):
+                if "connecting to" in log.read():
+                    break
+                daemon.proc.wait(0.1) if daemon.proc.poll() is not None else __import__("time").sleep(0.1)
+        broker.start()
+        client = Client(broker)
+        client.subscribe("edge-inferd/edge-inferd/status")
+        client.wait_payload("edge-inferd/edge-inferd/status", b"online")
+        client.subscribe("results/l2/activity")
+        client.publish("sensors/l2/imu", _payloads(1)[0])
+        [reply] = client.wait_json("results/l2/activity")
+        client.close()
+        assert reply["id"] == 0 and "label" in reply
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+        broker.close()
