@@ -50,6 +50,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config import MqttConfig
 from daemon.paho_client import Client
+from daemon.stats import ThrottledLog
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+# A broker that stays unreachable is reported at most this often (with how many attempts failed).
+CONNECT_FAIL_LOG_INTERVAL_S = 10.0
 
 
 def disable_nagle(sock: object) -> None:
@@ -145,6 +148,8 @@ class MqttLink:
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
         self._client.on_publish = self._on_publish
+        self._client.on_connect_fail = self._on_connect_fail
+        self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
         self._safe = _AckWhenSafe(self.ack)
 
     def start(self) -> None:
@@ -197,6 +202,11 @@ class MqttLink:
         self.connected.set()
         if self._subscribing.is_set():
             self._subscribe()
+
+    def _on_connect_fail(self, client, userdata) -> None:
+        error = getattr(client, "last_connect_error", None)
+        self._log.warning("connect", "cannot connect to %s: %s; retrying every %d-%d s", self._config.broker,
+                          error or "unknown error", self._config.reconnect_min_s, self._config.reconnect_max_s)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was_connected = self.connected.is_set()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
@@ -50,6 +50,7 @@ class Client(paho.Client):
         self._real_sockpair_w = None
         self._ahead = b""
         self._ahead_pos = 0
+        self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
         super().__init__(*args, **kwargs)
 
     # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in.
@@ -87,6 +88,14 @@ class Client(paho.Client):
         start = self._ahead_pos
         self._ahead_pos = min(start + bufsize, len(self._ahead))
         return self._ahead[start : self._ahead_pos]
+
+    def reconnect(self) -> MQTTErrorCode:
+        """paho's reconnect, remembering the OSError its loop swallows (for `on_connect_fail`)."""
+        try:
+            return super().reconnect()
+        except OSError as exc:
+            self.last_connect_error = exc
+            raise
 
     def _sock_close(self) -> None:
         self._ahead, self._ahead_pos = b"", 0  # never feed a new connection the old one's bytes

@@ -180,29 +180,6 @@ def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp
     assert "label" in served
 
 
-def test_daemon_started_before_the_broker_serves_once_it_is_up(tmp_path):
-    from daemon.broker import Broker
-    from tests.integration.conftest import Daemon
-
-    broker = Broker(tmp_path / "late-broker")
-    config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
-    daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
-    try:
-        assert daemon.proc.poll() is None
-        broker.start()
-        client = Client(broker)
-        client.subscribe("edge-inferd/edge-inferd/status")
-        client.wait_payload("edge-inferd/edge-inferd/status", b"online")
-        client.subscribe("results/l1/activity")
-        client.publish("sensors/l1/imu", _activity_payload(0))
-        [reply] = client.wait_json("results/l1/activity")
-        client.close()
-        assert reply["id"] == 0 and "label" in reply
-    finally:
-        assert daemon.stop() == 0, daemon.log()
-        broker.close()
-
-
 def test_sigterm_stops_cleanly_with_retained_offline(tmp_path, broker, client, start_daemon):
     daemon = start_daemon(write_config(tmp_path), wait_online=client)
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
