@@ -28,6 +28,7 @@ INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MAX_SESSION_EXPIRY_S = 0xFFFFFFFF
+MIN_STATS_INTERVAL_S = 0.1
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 
 
@@ -45,8 +46,9 @@ class MqttConfig:
     """Seconds between keepalive pings."""
     reconnect_min_s: int = 1
     """First reconnect delay in whole seconds; doubles up to `reconnect_max_s`."""
-    reconnect_max_s: int = 30
-    """Cap on the reconnect delay."""
+    reconnect_max_s: int = 2
+    """Cap on the reconnect delay: low, so the daemon is back within about a second or two
+    of a restarted broker (a LAN broker, not a cloud endpoint that must be spared)."""
     session_expiry_s: int = 86400
     """How long the broker keeps the daemon's session (subscriptions and unacked requests)
     while it is away, so nothing sent meanwhile is lost. 0: a clean session every connect.
@@ -75,6 +77,10 @@ class MqttConfig:
     @property
     def status_topic(self) -> str:
         return f"edge-inferd/{self.client_id}/status"
+
+    @property
+    def stats_topic(self) -> str:
+        return f"edge-inferd/{self.client_id}/stats"
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,8 @@ class Config:
     batching: BatchingConfig = BatchingConfig()
     xnnpack: bool = True
     """litert only: False runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
+    stats_interval_s: float = 10.0
+    """How often the retained stats go to `edge-inferd/<client_id>/stats` (also at start)."""
     source: Optional[Path] = None
     """The file this config came from, for messages."""
 
@@ -208,7 +216,7 @@ def load_config(path: Path | str, check_models: bool = True) -> Config:
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
-                                         "batching"), required=True)
+                                         "batching", "stats_interval_s"), required=True)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
         mqtt=_read_mqtt(r, r.section(root, "mqtt", MqttConfig)),
@@ -219,6 +227,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         workers=_read_workers(r, r.section(root, "workers", (*_field_names(WorkersConfig), "queue"))),
         batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
         xnnpack=r.get(root, "xnnpack", "", bool, True),
+        stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
         source=path,
     )
 

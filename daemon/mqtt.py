@@ -151,6 +151,8 @@ class MqttLink:
         self._client.on_connect_fail = self._on_connect_fail
         self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
         self._safe = _AckWhenSafe(self.ack)
+        self._online_before = False
+        self.reconnects = 0  # times the daemon came back online after the first time
 
     def start(self) -> None:
         """Connect in the background; retries with capped backoff while the broker is down."""
@@ -191,6 +193,13 @@ class MqttLink:
                 self._client.subscribe([(f, options) for f in self._filters])
             else:
                 self._client.subscribe([(f, qos) for f in self._filters])
+        else:
+            self._announce_online()
+
+    def _announce_online(self) -> None:
+        """`online` once subscribed (after SUBACK): never while requests would go unheard."""
+        self.reconnects += 1 if self._online_before else 0
+        self._online_before = True
         self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -215,9 +224,13 @@ class MqttLink:
             logger.warning("disconnected from %s (%s); reconnecting", self._config.broker, reason_code)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        refused = 0
         for topic_filter, code in zip(self._filters, reason_codes, strict=False):
             if code.value >= _FAILURE_THRESHOLD:
+                refused += 1
                 logger.error("broker refused the subscription to %r: %s", topic_filter, code)
+        if refused < len(self._filters) and self._subscribing.is_set():
+            self._announce_online()
 
     def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
         try:
@@ -269,6 +282,12 @@ class MqttLink:
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         if self._config.qos > 0:
             self._safe.completed(mid)
+
+    @property
+    def unconfirmed_replies(self) -> int:
+        """Replies (and status) the broker has not confirmed yet: what a lost connection would
+        hold in memory for resending (the stats' `outbox`; an on-disk outbox is still to come)."""
+        return self._safe.pending
 
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from daemon import codecs
+from daemon import codecs, metrics
 from daemon.cache import ResultCache
 from daemon.config import Config, WorkersConfig, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
@@ -80,6 +81,7 @@ class Service:
         self._dispatcher: Optional[Dispatcher] = None
         self._link: Optional[MqttLink] = None
         self._started: list[Step] = []
+        self._started_at = time.monotonic()
 
     def steps(self) -> list[Step]:
         return [
@@ -98,10 +100,25 @@ class Service:
         try:
             self.startup()
             logger.info("serving %d route(s) with %d worker(s)", len(self.config.routes), self.config.workers.max)
-            while not self._stop.wait(STATS_LOG_INTERVAL_S):
-                logger.info("stats %s", codecs.encode(self.snapshot()).decode())
+            self._main_loop()
         finally:
             self.shutdown()
+
+    def _main_loop(self) -> None:
+        """Publish the retained stats every stats_interval_s, log them once a minute, until asked to stop."""
+        last_log = time.monotonic()
+        self._publish_stats()
+        while not self._stop.wait(self.config.stats_interval_s):
+            snapshot = self._publish_stats()
+            if time.monotonic() - last_log >= STATS_LOG_INTERVAL_S:
+                last_log = time.monotonic()
+                logger.info("stats %s", codecs.encode(snapshot).decode())
+
+    def _publish_stats(self) -> dict:
+        snapshot = self.snapshot()
+        if self._link is not None:
+            self._link.publish(self.config.mqtt.stats_topic, codecs.encode(snapshot), retain=True)
+        return snapshot
 
     def startup(self) -> None:
         for step in self.steps():
@@ -122,15 +139,17 @@ class Service:
         logger.info("stopped; stats %s", codecs.encode(self.snapshot()).decode())
 
     def snapshot(self) -> dict:
-        """Counters and stage histograms, plus the cache (hit rate) and the queue (depth, bytes, wait)."""
-        out = self.stats.snapshot()
-        if self._cache is not None:
-            out["cache"] = self._cache.snapshot()
+        """The node's stats (daemon/metrics.py): counters, cache hit rate, queue, models, latency."""
+        queue = None
         if self._dispatcher is not None:
             admission, pool = self._dispatcher.admission, self._dispatcher.pool
-            out["queue"] = {"depth": pool.depth, "busy": pool.busy, "bytes": admission.queued_bytes,
-                            "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
-        return out
+            queue = {"depth": pool.depth, "busy": pool.busy, "bytes": admission.queued_bytes,
+                     "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
+        link = self._link
+        return metrics.node_stats(self.stats.snapshot(), time.monotonic() - self._started_at,
+                                  {name: m.sha256 for name, m in self._models.items()}, self.config.workers.max,
+                                  queue, self._cache, link.reconnects if link else 0,
+                                  link.unconfirmed_replies if link else 0)
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self._on_stop_signal("SIGTERM"))

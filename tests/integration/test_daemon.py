@@ -216,3 +216,23 @@ def test_mqtt_3_1_1_is_selectable(tmp_path, broker, start_daemon):
         assert reply["id"] == 4 and "label" in reply
     finally:
         client.close()
+
+
+def test_retained_stats_describe_the_node_and_follow_its_traffic(tmp_path, client, start_daemon):
+    start_daemon(write_config(tmp_path, stats_interval_s=0.2), wait_online=client)
+    client.subscribe("edge-inferd/edge-inferd/stats")
+    first = client.wait_json("edge-inferd/edge-inferd/stats")[0]
+    for key in ("received", "results", "errors", "cache", "queue", "workers", "models", "latency_ms",
+                "reconnects", "outbox", "uptime_s"):
+        assert key in first, key
+    assert first["models"]["activity"]["loaded"] is True and len(first["models"]["activity"]["sha256"]) == 12
+    client.subscribe("results/s1/activity")
+    client.publish("sensors/s1/imu", _activity_payload(0))
+    client.publish("sensors/s1/imu", b"{broken")
+    client.wait_json("results/s1/activity", 2)
+
+    def counted() -> bool:
+        latest = [json.loads(m.payload) for m in client.messages if m.topic == "edge-inferd/edge-inferd/stats"]
+        return bool(latest) and latest[-1]["results"] >= 1 and latest[-1]["errors"].get("bad_payload", 0) >= 1
+    with client.cond:
+        assert client.cond.wait_for(counted, WAIT_S)
