@@ -152,6 +152,7 @@ class MqttLink:
         self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
         self._safe = _AckWhenSafe(self.ack)
         self._online_before = False
+        self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
         self.reconnects = 0  # times the daemon came back online after the first time
 
     def start(self) -> None:
@@ -201,6 +202,7 @@ class MqttLink:
         self.reconnects += 1 if self._online_before else 0
         self._online_before = True
         self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
+        self.online.set()
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -282,6 +284,12 @@ class MqttLink:
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         if self._config.qos > 0:
             self._safe.completed(mid)
+
+    @property
+    def loop_alive(self) -> bool:
+        """paho's network thread is running (paho keeps it in `_thread`; there is no public accessor)."""
+        thread = getattr(self._client, "_thread", None)
+        return thread is not None and thread.is_alive()
 
     @property
     def unconfirmed_replies(self) -> int:

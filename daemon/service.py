@@ -28,6 +28,7 @@ from daemon.config import Config, WorkersConfig, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import ModelError
 from daemon.mqtt import MqttLink
+from daemon.notify import Notifier
 from daemon.pipeline import RoutePipeline
 from daemon.runtime import Model
 from daemon.stats import Stats
@@ -36,6 +37,14 @@ logger = logging.getLogger(__name__)
 
 # How often the main loop logs a one-line stats summary.
 STATS_LOG_INTERVAL_S = 60.0
+# Until READY=1, the main loop looks for the broker's SUBACK this often.
+READY_POLL_S = 0.2
+# The watchdog is checked this many times per ping interval.
+WATCHDOG_CHECKS_PER_PING = 2
+# A worker with work that has not moved for this many ping intervals (or STALL_LIMIT_S
+# without a watchdog) is wedged: the pings stop and systemd restarts the daemon.
+STALL_LIMIT_PINGS = 1
+STALL_LIMIT_S = 30.0
 # Time allowed to get the retained `offline` status out on shutdown.
 OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 # MQTT v5 caps ReceiveMaximum at 65,535.
@@ -82,6 +91,7 @@ class Service:
         self._link: Optional[MqttLink] = None
         self._started: list[Step] = []
         self._started_at = time.monotonic()
+        self._notifier = Notifier()
 
     def steps(self) -> list[Step]:
         return [
@@ -105,14 +115,39 @@ class Service:
             self.shutdown()
 
     def _main_loop(self) -> None:
-        """Publish the retained stats every stats_interval_s, log them once a minute, until asked to stop."""
-        last_log = time.monotonic()
+        """Until asked to stop: READY=1 once online, the watchdog, the retained stats, a log line a minute."""
+        last_stats = last_log = time.monotonic()
         self._publish_stats()
-        while not self._stop.wait(self.config.stats_interval_s):
-            snapshot = self._publish_stats()
-            if time.monotonic() - last_log >= STATS_LOG_INTERVAL_S:
-                last_log = time.monotonic()
-                logger.info("stats %s", codecs.encode(snapshot).decode())
+        while True:
+            if self._link.online.is_set():
+                self._notifier.ready(self._status_line())
+            self._notifier.watchdog(self._progressing())
+            now = time.monotonic()
+            if now - last_stats >= self.config.stats_interval_s:
+                last_stats = now
+                snapshot = self._publish_stats()
+                self._notifier.status(self._status_line())
+                if now - last_log >= STATS_LOG_INTERVAL_S:
+                    last_log = now
+                    logger.info("stats %s", codecs.encode(snapshot).decode())
+            if self._stop.wait(self._tick()):
+                break
+        self._notifier.stopping()
+
+    def _tick(self) -> float:
+        tick = self.config.stats_interval_s
+        if self._notifier.watchdog_interval_s:
+            tick = min(tick, self._notifier.watchdog_interval_s / WATCHDOG_CHECKS_PER_PING)
+        return tick if self._link.online.is_set() else min(tick, READY_POLL_S)
+
+    def _progressing(self) -> bool:
+        limit = (self._notifier.watchdog_interval_s or STALL_LIMIT_S) * STALL_LIMIT_PINGS
+        return self._link.loop_alive and self._dispatcher.pool.progressing(limit)
+
+    def _status_line(self) -> str:
+        counts = self.stats.snapshot()["counts"]
+        return (f"serving {len(self.config.routes)} route(s): {counts.get('received', 0)} received, "
+                f"{counts.get('results', 0)} results")
 
     def _publish_stats(self) -> dict:
         snapshot = self.snapshot()

@@ -53,6 +53,7 @@ class WorkerPool(Generic[J, C]):
         self._closing = False
         self._idle = 0
         self._busy = 0
+        self._last_progress = clock()  # a batch taken or finished
 
     def start(self) -> None:
         contexts = [self._make_context(i) for i in range(self._size)]
@@ -80,6 +81,13 @@ class WorkerPool(Generic[J, C]):
     def busy(self) -> int:
         return self._busy
 
+    def progressing(self, within_s: float) -> bool:
+        """False when there is work but no batch was taken or finished for `within_s` (a wedged worker)."""
+        with self._cond:
+            if not self._busy and not self._queue:
+                return True
+            return self._clock() - self._last_progress < within_s
+
     def take(self) -> Optional[list[J]]:
         """The next batch (blocking for its first job); None once stopping and drained."""
         with self._cond:
@@ -94,6 +102,7 @@ class WorkerPool(Generic[J, C]):
             if self._max_delay > 0 and len(batch) < self._max_batch:
                 self._fill(batch)
             self._busy += 1
+            self._last_progress = self._clock()
             return batch
 
     def _fill(self, batch: list[J]) -> None:
@@ -122,6 +131,7 @@ class WorkerPool(Generic[J, C]):
             finally:
                 with self._cond:
                     self._busy -= 1
+                    self._last_progress = self._clock()
 
     def stop(self, timeout_s: float) -> bool:
         """Stop intake, let queued and running jobs finish within `timeout_s`; True if all did."""

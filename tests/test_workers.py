@@ -102,3 +102,18 @@ def test_the_fill_window_collects_arrivals_until_the_batch_is_full():
     taker.join(30)
     assert taken == [[1, 2, 3]]  # full before the 60 s window closed; job 4 waits for the next batch
     assert pool.depth == 1
+
+
+def test_a_wedged_worker_shows_as_no_progress_so_the_watchdog_stops():
+    clock = FakeClock()
+    pool, gate, started, batches = _held_pool(max_batch=1, clock=clock)
+    assert pool.progressing(within_s=10.0)  # idle is fine
+    pool.start()
+    pool.submit(1)
+    assert started.wait(30)
+    clock.now = 9.0
+    assert pool.progressing(within_s=10.0)
+    clock.now = 11.0  # stuck in its batch (an invoke that never returns) past the limit
+    assert not pool.progressing(within_s=10.0)
+    gate.set()
+    assert pool.stop(timeout_s=30) and pool.progressing(within_s=10.0)

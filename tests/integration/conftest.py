@@ -119,10 +119,10 @@ def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides)
 class Daemon:
     """`edge-inferd run` as a child process, with its log kept for failures."""
 
-    def __init__(self, config: Path, broker_address: str, log: Path):
+    def __init__(self, config: Path, broker_address: str, log: Path, env: Optional[dict] = None):
         self.log_path = log
         self._log = open(log, "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "run", "--config", str(config),
                                       "--broker", broker_address], stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, cwd=ROOT)

@@ -119,3 +119,25 @@ def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
     finally:
         assert daemon.stop() == 0, daemon.log()
         broker.close()
+
+
+def test_under_systemd_ready_comes_once_serving_and_the_watchdog_is_fed(tmp_path, broker, client):
+    import socket as sockets
+
+    path = tmp_path / "notify.sock"
+    sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(WAIT_S)
+    daemon = Daemon(write_config(tmp_path), broker.address, tmp_path / "daemon.log",
+                    env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+    try:
+        messages = [sock.recv(4096).decode()]
+        while not any(m.startswith("READY=1") for m in messages):
+            messages.append(sock.recv(4096).decode())
+        client.subscribe("edge-inferd/edge-inferd/status")
+        client.wait_payload("edge-inferd/edge-inferd/status", b"online")  # READY=1 came once it was online
+        pings = [m for m in (sock.recv(4096).decode() for _ in range(6)) if m == "WATCHDOG=1"]
+        assert len(pings) >= 2
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+        sock.close()
