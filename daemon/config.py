@@ -126,7 +126,8 @@ class RouteConfig:
 class CacheConfig:
     enabled: bool = True
     dir: Path = Path(".cache/edge-inferd")
-    """Created with mode 0700; survives restarts."""
+    """Created with mode 0700; survives restarts. Relative: under $CACHE_DIRECTORY when systemd
+    sets it (CacheDirectory=), else next to the config file."""
     max_mb: int = 256
     """Size cap in MiB."""
     ttl_s: float = 3600.0
@@ -350,11 +351,18 @@ def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
     p, d = "cache", CacheConfig()
     return CacheConfig(
         enabled=r.get(m, "enabled", p, bool, d.enabled),
-        dir=base / r.get(m, "dir", p, str, str(d.dir)),
+        dir=_cache_base(base) / r.get(m, "dir", p, str, str(d.dir)),
         max_mb=r.get(m, "max_mb", p, int, d.max_mb, minimum=1),
         ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
         memory_mb=r.get(m, "memory_mb", p, int, d.memory_mb, minimum=0),
     )
+
+
+def _cache_base(config_dir: Path) -> Path:
+    """Where a relative cache.dir lives: systemd's CacheDirectory= ($CACHE_DIRECTORY) when set,
+    so a config under /etc never puts the cache there; else the config file's directory."""
+    cache_directory = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    return Path(cache_directory) if cache_directory else config_dir
 
 
 def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:

@@ -149,3 +149,10 @@ def test_broker_parsing_and_override():
     assert (config.mqtt.host, config.mqtt.port) == ("127.0.0.1", 2000)
     with pytest.raises(ConfigError, match="--broker"):
         load_config(ROOT / "config.yaml").with_broker("host:notaport")
+
+
+def test_a_relative_cache_dir_goes_under_systemds_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "var-cache"))
+    assert load_config(ROOT / "config.yaml").cache.dir == tmp_path / "var-cache" / ".cache/edge-inferd"
+    monkeypatch.delenv("CACHE_DIRECTORY")
+    assert load_config(ROOT / "config.yaml").cache.dir == ROOT / ".cache/edge-inferd"
