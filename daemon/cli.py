@@ -81,14 +81,17 @@ def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from daemon.config import load_config
-    from daemon.service import ForcedExit, Service
+    from daemon.signals import ForcedExit, SignalQueue
 
-    config = load_config(args.config)
-    if args.broker:
-        config = config.with_broker(args.broker)
+    signals = SignalQueue.install()  # before anything slow: a signal during start-up is queued, not fatal
+    from daemon.config import load_config
+    from daemon.service import Service
+
     try:
-        Service(config).run()
+        config = load_config(args.config)
+        if args.broker:
+            config = config.with_broker(args.broker)
+        Service(config, signals).run()
     except ForcedExit as exc:
         logger.warning("%s", exc)
         return EXIT_INTERRUPTED

@@ -9,15 +9,15 @@ only then is `offline` published and the connection closed. A step that fails at
 start-up stops the ones before it and re-raises; only `cli.py` turns that into an exit
 code.
 
-Signals: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises
-`ForcedExit`. SIGHUP is logged and ignored until hot reload lands.
+Signals (daemon/signals.py) are queued by their handlers and handled here, in the main
+loop: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises `ForcedExit`
+from its handler; SIGHUP is logged and ignored until hot reload lands.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -29,6 +29,7 @@ from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import ModelError
 from daemon.mqtt import MqttLink
 from daemon.notify import Notifier
+from daemon.signals import ForcedExit, SignalQueue  # noqa: F401 - ForcedExit is re-exported for cli
 from daemon.pipeline import RoutePipeline
 from daemon.runtime import Model
 from daemon.stats import Stats
@@ -65,13 +66,6 @@ def receive_maximum(workers: WorkersConfig) -> int:
     return max(1, min(RECEIVE_MAXIMUM_LIMIT, workers.queue_bytes // SMALL_REQUEST_BYTES))
 
 
-class ForcedExit(BaseException):
-    """A second SIGINT: stop now, without draining.
-
-    A BaseException, like KeyboardInterrupt: it usually arrives while `shutdown()` waits
-    for a step, and must pass its `except Exception` that keeps the other steps stopping."""
-
-
 @dataclass(frozen=True)
 class Step:
     name: str
@@ -80,11 +74,11 @@ class Step:
 
 
 class Service:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, signals: Optional[SignalQueue] = None):
         self.config = config
         self.stats = Stats()
-        self._stop = threading.Event()
-        self._interrupts = 0
+        self.signals = signals or SignalQueue()
+        self._stopping = False
         self._models: dict[str, Model] = {}
         self._cache: Optional[ResultCache] = None
         self._dispatcher: Optional[Dispatcher] = None
@@ -103,12 +97,13 @@ class Service:
             Step("intake", lambda: self._link.open_intake(), lambda: self._link.close_intake()),
         ]
 
-    def run(self, install_signals: bool = True) -> None:
+    def run(self) -> None:
         """Start, serve until asked to stop, then shut down. Raises on a failed start-up."""
-        if install_signals:
-            self._install_signals()
         try:
             self.startup()
+            if self.signals.stop_requested:
+                logger.info("stop requested during start-up")
+                return
             logger.info("serving %d route(s) with %d worker(s)", len(self.config.routes), self.config.workers.max)
             self._main_loop()
         finally:
@@ -130,7 +125,9 @@ class Service:
                 if now - last_log >= STATS_LOG_INTERVAL_S:
                     last_log = now
                     logger.info("stats %s", codecs.encode(snapshot).decode())
-            if self._stop.wait(self._tick()):
+            if self.signals.wait(self._tick()):
+                self._handle_signals()
+            if self._stopping:
                 break
         self._notifier.stopping()
 
@@ -186,20 +183,15 @@ class Service:
                                   queue, self._cache, link.reconnects if link else 0,
                                   link.unconfirmed_replies if link else 0)
 
-    def _install_signals(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self._on_stop_signal("SIGTERM"))
-        signal.signal(signal.SIGINT, lambda *_: self._on_interrupt())
-        signal.signal(signal.SIGHUP, lambda *_: logger.warning("SIGHUP: hot reload is not implemented yet; ignored"))
-
-    def _on_stop_signal(self, name: str) -> None:
-        logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
-        self._stop.set()
-
-    def _on_interrupt(self) -> None:
-        self._interrupts += 1
-        if self._interrupts > 1:
-            raise ForcedExit("second SIGINT: exiting without draining")
-        self._on_stop_signal("SIGINT (again to force)")
+    def _handle_signals(self) -> None:
+        """The main loop's side of the signal queue: TERM and INT stop, HUP is noted."""
+        while (signum := self.signals.pop()) is not None:
+            if signum == signal.SIGHUP:
+                logger.warning("SIGHUP: hot reload is not implemented yet; ignored")
+                continue
+            name = "SIGINT (again to force)" if signum == signal.SIGINT else signal.Signals(signum).name
+            logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
+            self._stopping = True
 
     def _load_models(self) -> None:
         """Verify and load each model once; its digest pins the workers' copies."""

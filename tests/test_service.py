@@ -18,12 +18,17 @@ def test_startup_is_one_ordered_list_and_shutdown_its_reverse():
     assert [s.name for s in service.steps()] == ["models", "cache", "dispatcher", "mqtt", "workers", "intake"]
 
 
-def test_first_sigint_asks_to_drain_and_the_second_forces_the_exit():
+def test_signals_are_only_queued_and_a_second_sigint_forces_the_exit():
+    import signal
+
     service = Service(load_config(ROOT / "config.yaml"))
-    service._on_interrupt()
-    assert service._stop.is_set()
+    service.signals.handle(signal.SIGHUP)
+    service.signals.handle(signal.SIGINT)
+    assert service.signals.stop_requested and not service._stopping  # nothing happens inside a handler
+    service._handle_signals()  # the main loop's turn
+    assert service._stopping
     with pytest.raises(ForcedExit):
-        service._on_interrupt()
+        service.signals.handle(signal.SIGINT)
 
 
 def test_a_failed_step_leaves_only_the_earlier_steps_to_stop_in_reverse():
@@ -43,11 +48,13 @@ def test_a_failed_step_leaves_only_the_earlier_steps_to_stop_in_reverse():
 
 
 def test_a_second_sigint_during_the_drain_is_not_swallowed_by_shutdown():
+    import signal
+
     service = Service(load_config(ROOT / "config.yaml"))
     log: list[str] = []
-    service._on_interrupt()  # the first one started the drain
+    service.signals.handle(signal.SIGINT)  # the first one started the drain
     service.steps = lambda: [Step("a", lambda: None, lambda: log.append("stop a")),
-                             Step("drain", lambda: None, service._on_interrupt)]  # the second arrives here
+                             Step("drain", lambda: None, lambda: service.signals.handle(signal.SIGINT))]
     service.startup()
     with pytest.raises(ForcedExit):
         service.shutdown()
