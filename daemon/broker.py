@@ -65,11 +65,14 @@ def free_port() -> int:
 class Broker:
     """`with Broker() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated."""
 
-    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None):
+    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
+                 settings: Optional[dict[str, str]] = None):
+        """`settings` add to or replace mosquitto.conf lines (e.g. TLS files, `allow_anonymous`)."""
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-broker-")
         self.workdir = Path(workdir or self._tmp.name)
         self.port = port or free_port()
         self._proc: Optional[subprocess.Popen] = None
+        self._settings = dict(settings or {})
 
     @property
     def address(self) -> str:
@@ -79,19 +82,19 @@ class Broker:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "mosquitto.conf"
-        conf.write_text(
-            f"listener {self.port} {_LOOPBACK}\n"
-            "allow_anonymous true\n"
-            "persistence true\n"
-            f"persistence_location {data}/\n"
-            "autosave_interval 1\n"
-            "set_tcp_nodelay true\n"
-            f"max_queued_messages {MAX_QUEUED_MESSAGES}\n"
-            f"user {getpass.getuser()}\n"
-            "log_dest stderr\n"
-            "log_type error\n"
-            "log_type warning\n"
-        )
+        settings = {
+            "allow_anonymous": "true",
+            "persistence": "true",
+            "persistence_location": f"{data}/",
+            "autosave_interval": "1",
+            "set_tcp_nodelay": "true",
+            "max_queued_messages": str(MAX_QUEUED_MESSAGES),
+            "user": getpass.getuser(),
+            "log_dest": "stderr",
+            **self._settings,
+        }
+        lines = [f"listener {self.port} {_LOOPBACK}"] + [f"{key} {value}" for key, value in settings.items()]
+        conf.write_text("\n".join(lines + ["log_type error", "log_type warning", ""]))
         return conf
 
     def start(self) -> "Broker":

@@ -11,7 +11,7 @@ Every problem is collected and raised at once as `ConfigError` with lines of the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -28,8 +28,20 @@ INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MAX_SESSION_EXPIRY_S = 0xFFFFFFFF
+# The file systemd's LoadCredential=mqtt-password:... puts under $CREDENTIALS_DIRECTORY.
+CREDENTIAL_NAME = "mqtt-password"
 MIN_STATS_INTERVAL_S = 0.1
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca_file: Optional[Path] = None
+    """CA certificates that sign the broker's certificate; None: the system's trust store."""
+    cert_file: Optional[Path] = None
+    """Client certificate, for brokers that require one (with key_file)."""
+    key_file: Optional[Path] = None
+    """The client certificate's private key."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +67,11 @@ class MqttConfig:
     MQTT 3.1.1 has no expiry: any value > 0 means `clean_session=False`."""
     username: Optional[str] = None
     """Broker user name, or None for anonymous."""
-    password: Optional[str] = None
-    """Broker password."""
+    password: Optional[str] = field(default=None, repr=False)
+    """Broker password: from `password_file`, or $CREDENTIALS_DIRECTORY/mqtt-password (systemd's
+    LoadCredential=), or (discouraged) inline. Never logged; `repr=False` keeps it out of reprs."""
+    tls: Optional[TlsConfig] = None
+    """TLS to the broker, hostname verified; None: plain TCP."""
 
     @property
     def host(self) -> str:
@@ -220,7 +235,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
                                          "batching", "stats_interval_s"), required=True)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
-        mqtt=_read_mqtt(r, r.section(root, "mqtt", MqttConfig)),
+        mqtt=_read_mqtt(r, r.section(root, "mqtt", (*_field_names(MqttConfig), "password_file")), base),
         runtime=runtime,
         models=MappingProxyType(_read_models(r, root, base)),
         routes=_read_routes(r, root),
@@ -233,7 +248,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
     )
 
 
-def _read_mqtt(r: Reader, m: Mapping) -> MqttConfig:
+def _read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
     p, d = "mqtt", MqttConfig()
     broker = r.get(m, "broker", p, str, d.broker)
     try:
@@ -254,8 +269,43 @@ def _read_mqtt(r: Reader, m: Mapping) -> MqttConfig:
         session_expiry_s=r.get(m, "session_expiry_s", p, int, d.session_expiry_s, minimum=0,
                                check=_within_session_expiry),
         username=r.get(m, "username", p, (str, type(None)), None),
-        password=r.get(m, "password", p, (str, type(None)), None),
+        password=_read_password(r, m, base),
+        tls=_read_tls(r, m, base),
     )
+
+
+def _read_password(r: Reader, m: Mapping, base: Path) -> Optional[str]:
+    """The inline password, else password_file, else systemd's credential; errors name the key."""
+    inline = r.get(m, "password", "mqtt", (str, type(None)), None)
+    path = r.get(m, "password_file", "mqtt", (str, type(None)), None)
+    if inline is not None and path is not None:
+        r.error(m, "password_file", "mqtt", "set either password or password_file, not both")
+    if path is None:
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        candidate = Path(credentials) / CREDENTIAL_NAME if credentials else None
+        if inline is not None or candidate is None or not candidate.is_file():
+            return inline
+        path = str(candidate)
+    try:
+        return (base / path).read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        r.error(m, "password_file", "mqtt", f"cannot read {base / path}: {getattr(exc, 'strerror', None) or exc}")
+        return None
+
+
+def _read_tls(r: Reader, m: Mapping, base: Path) -> Optional[TlsConfig]:
+    if m.get("tls") is None:
+        return None
+    t = r.section(m, "tls", TlsConfig, path="mqtt.tls")
+    files = {}
+    for key in ("ca_file", "cert_file", "key_file"):
+        value = r.get(t, key, "mqtt.tls", (str, type(None)), None)
+        files[key] = None if value is None else base / value
+        if files[key] is not None and not files[key].is_file():
+            r.error(t, key, "mqtt.tls", f"{files[key]}: file not found")
+    if (files["cert_file"] is None) != (files["key_file"] is None):
+        r.error(t, "cert_file", "mqtt.tls", "cert_file and key_file go together")
+    return TlsConfig(**files)
 
 
 def _within_session_expiry(value: int) -> Optional[str]:

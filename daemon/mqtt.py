@@ -84,6 +84,10 @@ class Inbound:
     expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
 
 
+def _path(value: Optional[object]) -> Optional[str]:
+    return None if value is None else str(value)
+
+
 class _AckWhenSafe:
     """Request acks held until the broker has the reply (its PUBACK), by reply mid.
 
@@ -141,6 +145,11 @@ class MqttLink:
                               clean_session=clean_session, manual_ack=True)
         if config.username is not None:
             self._client.username_pw_set(config.username, config.password)
+        if config.tls is not None:
+            tls = config.tls
+            # paho's defaults: CERT_REQUIRED and hostname verification (tls_insecure stays False).
+            self._client.tls_set(ca_certs=_path(tls.ca_file), certfile=_path(tls.cert_file),
+                                 keyfile=_path(tls.key_file))
         self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
         self._client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
         self._client.on_connect = self._on_connect
@@ -157,7 +166,8 @@ class MqttLink:
 
     def start(self) -> None:
         """Connect in the background; retries with capped backoff while the broker is down."""
-        logger.info("connecting to mqtt://%s:%d as %r (MQTT %s)", self._config.host, self._config.port,
+        logger.info("connecting to %s://%s:%d as %r (MQTT %s)", "mqtts" if self._config.tls else "mqtt",
+                    self._config.host, self._config.port,
                     self._config.client_id, "v5" if self._config.is_v5 else "3.1.1")
         options: dict = {}
         if self._config.is_v5:

@@ -156,3 +156,34 @@ def test_a_relative_cache_dir_goes_under_systemds_cache_directory(monkeypatch, t
     assert load_config(ROOT / "config.yaml").cache.dir == tmp_path / "var-cache" / ".cache/edge-inferd"
     monkeypatch.delenv("CACHE_DIRECTORY")
     assert load_config(ROOT / "config.yaml").cache.dir == ROOT / ".cache/edge-inferd"
+
+
+def _config_with(tmp_path, mqtt_extra: str) -> Path:
+    text = (ROOT / "config.yaml").read_text().replace("models/", str(ROOT / "models") + "/")
+    text = text.replace("\n  password: null", "\n").replace("mqtt:\n", "mqtt:\n" + mqtt_extra, 1)
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_tls_files_and_password_sources_are_checked_by_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    bad = _config_with(tmp_path, "  tls: {ca_file: nope.crt, cert_file: c.crt}\n  password: x\n  password_file: p\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    text = "\n".join(err.value.errors)
+    assert "mqtt.tls.ca_file:" in text and "nope.crt: file not found" in text
+    assert "mqtt.tls.cert_file: cert_file and key_file go together" in text
+    assert "mqtt.password_file: set either password or password_file, not both" in text
+
+
+def test_the_password_comes_from_its_file_or_systemds_credential_and_stays_out_of_reprs(tmp_path, monkeypatch):
+    (tmp_path / "secret").write_text("from-file\n")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config = load_config(_config_with(tmp_path, "  password_file: secret\n"))
+    assert config.mqtt.password == "from-file" and "from-file" not in repr(config)
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "mqtt-password").write_text("from-credential")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert load_config(_config_with(tmp_path, "")).mqtt.password == "from-credential"
