@@ -31,6 +31,7 @@ MAX_SESSION_EXPIRY_S = 0xFFFFFFFF
 # The file systemd's LoadCredential=mqtt-password:... puts under $CREDENTIALS_DIRECTORY.
 CREDENTIAL_NAME = "mqtt-password"
 MIN_STATS_INTERVAL_S = 0.1
+PORT_LIMIT = 65536
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 
 
@@ -179,6 +180,14 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    port: Optional[int] = None
+    """Serve Prometheus metrics on this port (None: no endpoint)."""
+    address: str = "127.0.0.1"
+    """Address to bind; 0.0.0.0 exposes the endpoint to the network."""
+
+
+@dataclass(frozen=True)
 class Config:
     mqtt: MqttConfig
     runtime: str
@@ -191,6 +200,7 @@ class Config:
     """litert only: False runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
     stats_interval_s: float = 10.0
     """How often the retained stats go to `edge-inferd/<client_id>/stats` (also at start)."""
+    metrics: MetricsConfig = MetricsConfig()
     source: Optional[Path] = None
     """The file this config came from, for messages."""
 
@@ -232,7 +242,7 @@ def load_config(path: Path | str, check_models: bool = True) -> Config:
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
-                                         "batching", "stats_interval_s"), required=True)
+                                         "batching", "stats_interval_s", "metrics"), required=True)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
         mqtt=_read_mqtt(r, r.section(root, "mqtt", (*_field_names(MqttConfig), "password_file")), base),
@@ -244,6 +254,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
         xnnpack=r.get(root, "xnnpack", "", bool, True),
         stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
+        metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
         source=path,
     )
 
@@ -406,6 +417,14 @@ def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
         ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
         memory_mb=r.get(m, "memory_mb", p, int, d.memory_mb, minimum=0),
     )
+
+
+def _read_metrics(r: Reader, m: Mapping) -> MetricsConfig:
+    port = r.get(m, "port", "metrics", (int, type(None)), None)
+    if port is not None and not 0 < port < PORT_LIMIT:
+        r.error(m, "port", "metrics", f"must be a port in 1..{PORT_LIMIT - 1}, got {port}")
+        port = None
+    return MetricsConfig(port=port, address=r.get(m, "address", "metrics", str, MetricsConfig.address))
 
 
 def _cache_base(config_dir: Path) -> Path:

@@ -65,6 +65,7 @@ class _Tally:
 
     counts: Counter = field(default_factory=Counter)
     latencies_ms: list = field(default_factory=list)
+    outcomes: Counter = field(default_factory=Counter)
 
 
 class Dispatcher:
@@ -125,7 +126,7 @@ class Dispatcher:
         request_id = codecs.scan_id(inbound.payload, pipe.route.input)
         tally = _Tally()
         self._send(inbound, reply_topic, pipe.error(request_id, refusal.code, refusal.message), tally)
-        self._stats.record(tally.counts)
+        self._stats.record(tally.counts, (), tally.outcomes)
 
     def _route(self, topic: str) -> Optional[tuple[RoutePipeline, str]]:
         found = self._routes.get(topic)
@@ -164,7 +165,7 @@ class Dispatcher:
             for job, reply in zip(group, outcome.replies):
                 self._send(job.inbound, job.reply_topic, reply, tally)
         done = self._clock()
-        self._stats.record(tally.counts, tally.latencies_ms)
+        self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
         self._stats.observe_stage("publish", done - published)
         self.admission.observe(group[0].pipe.route.name, len(group), done - started)
         if self._cache is not None and outcome.fresh:
@@ -190,6 +191,7 @@ class Dispatcher:
 
     def _send(self, inbound: Inbound, reply_topic: str, reply: dict, tally: "_Tally") -> None:
         error = reply.get("error")
+        tally.outcomes[(reply.get("route") or "", error["code"] if error else "result")] += 1
         if error:
             tally.counts[f"errors.{error['code']}"] += 1
             self._log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,

@@ -94,6 +94,7 @@ class Service:
             Step("dispatcher", self._build_dispatcher),
             Step("mqtt", self._connect, self._disconnect),
             Step("workers", self._start_workers, self._stop_workers),
+            Step("metrics", self._serve_metrics),
             Step("intake", lambda: self._link.open_intake(), lambda: self._link.close_intake()),
         ]
 
@@ -182,6 +183,13 @@ class Service:
                                   {name: m.sha256 for name, m in self._models.items()}, self.config.workers.max,
                                   queue, self._cache, link.reconnects if link else 0,
                                   link.unconfirmed_replies if link else 0)
+
+    def _serve_metrics(self) -> None:
+        if self.config.metrics.port is not None:
+            from daemon import prometheus  # optional: only a configured endpoint needs prometheus-client
+
+            prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
+                             lambda: self.snapshot()["queue"])
 
     def _handle_signals(self) -> None:
         """The main loop's side of the signal queue: TERM and INT stop, HUP is noted."""

@@ -13,6 +13,7 @@ import bisect
 import threading
 import time
 from collections import Counter, deque
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -38,6 +39,8 @@ class Stats:
         self._latency_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._stages: dict[str, Histogram] = {}
         self._batches = Histogram(BATCH_BUCKETS)
+        self._outcomes: Counter[tuple[str, str]] = Counter()  # (route, result | error code)
+        self._duration = Histogram(STAGE_BUCKETS_S)  # end-to-end seconds of results
 
     def incr(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -47,11 +50,21 @@ class Stats:
         with self._lock:
             self._latency_ms.append(ms)
 
-    def record(self, counts: Mapping[str, int], latencies_ms: Sequence[float] = ()) -> None:
-        """A batch's counters and result latencies under one lock."""
+    def record(self, counts: Mapping[str, int], latencies_ms: Sequence[float] = (),
+               outcomes: Mapping[tuple[str, str], int] = MappingProxyType({})) -> None:
+        """A batch's counters, result latencies and (route, outcome) counts under one lock."""
         with self._lock:
             self._counts.update(counts)
             self._latency_ms.extend(latencies_ms)
+            self._outcomes.update(outcomes)
+            for ms in latencies_ms:
+                self._duration.add(ms / _MS)
+
+    def histograms(self) -> dict:
+        """Copies for an exporter: outcomes by (route, outcome), request duration, stages, batch size."""
+        with self._lock:
+            return {"outcomes": dict(self._outcomes), "duration": self._duration.copy(),
+                    "stages": {name: h.copy() for name, h in self._stages.items()}, "batch": self._batches.copy()}
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.observe_stages(stage, (seconds,))
@@ -98,6 +111,11 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
         self.n += 1
+
+    def copy(self) -> "Histogram":
+        twin = Histogram(self.bounds)
+        twin.counts, twin.total, twin.n = list(self.counts), self.total, self.n
+        return twin
 
     def quantile(self, q: float) -> float:
         """Upper bound of the bucket holding the q-quantile (inf when past the last bound)."""

@@ -13,9 +13,12 @@ from daemon.service import ForcedExit, Service, Step, receive_maximum
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_startup_is_one_ordered_list_and_shutdown_its_reverse():
+def test_start_up_connects_before_the_workers_start_so_shutdown_drains_them_before_disconnecting():
     service = Service(load_config(ROOT / "config.yaml"))
-    assert [s.name for s in service.steps()] == ["models", "cache", "dispatcher", "mqtt", "workers", "intake"]
+    names = [s.name for s in service.steps()]
+    assert names == ["models", "cache", "dispatcher", "mqtt", "workers", "metrics", "intake"]
+    stopping = [s.name for s in reversed(service.steps()) if s.stop is not None]
+    assert stopping == ["intake", "workers", "mqtt", "cache"]  # replies still have a connection to leave by
 
 
 def test_signals_are_only_queued_and_a_second_sigint_forces_the_exit():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -236,3 +237,27 @@ def test_retained_stats_describe_the_node_and_follow_its_traffic(tmp_path, clien
         return bool(latest) and latest[-1]["results"] >= 1 and latest[-1]["errors"].get("bad_payload", 0) >= 1
     with client.cond:
         assert client.cond.wait_for(counted, WAIT_S)
+
+
+def test_prometheus_endpoint_counts_requests_by_route_and_outcome(tmp_path, client, start_daemon):
+    import urllib.request
+
+    from daemon.broker import free_port
+
+    port = free_port()
+    start_daemon(write_config(tmp_path, metrics={"port": port}), wait_online=client)
+    client.subscribe("results/p1/activity")
+    client.publish("sensors/p1/imu", _activity_payload(0))
+    client.publish("sensors/p1/imu", b"{broken")
+    client.wait_json("results/p1/activity", 2)
+    text = ""
+    for _ in range(int(WAIT_S / 0.1)):  # the counters land just after the replies are published
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S).read().decode()
+        if 'outcome="bad_payload"' in text and 'outcome="result"' in text:
+            break
+        time.sleep(0.1)
+    assert 'edge_inferd_requests_total{outcome="result",route="activity"} 1.0' in text
+    assert 'edge_inferd_requests_total{outcome="bad_payload",route="activity"} 1.0' in text
+    assert "edge_inferd_request_duration_seconds_count 1.0" in text
+    assert 'edge_inferd_stage_seconds_bucket{le="+Inf",stage="queue"}' in text
+    assert "edge_inferd_queue_depth 0.0" in text
