@@ -81,7 +81,9 @@ def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dic
         model["path"] = str((base.parent / model["path"]).resolve())
         model["labels"] = str((base.parent / model["labels"]).resolve())
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(workdir / "cache")}
-    raw["mqtt"] = {**(raw.get("mqtt") or {}), "client_id": client_id}
+    # A clean session: a stopped consumer's persistent session would stay subscribed to the
+    # shared request topic and make the broker queue every later request for it too.
+    raw["mqtt"] = {**(raw.get("mqtt") or {}), "client_id": client_id, "session_expiry_s": 0}
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
     path = workdir / "config.yaml"

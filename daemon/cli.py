@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     bm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     _add_bench_e2e(bench_sub)
 
+    status = sub.add_parser("status", help="a node's retained status and stats, as a table")
+    status.add_argument("--broker", default="localhost:1883", help="HOST:PORT of the broker (default localhost:1883)")
+    status.add_argument("--client-id", help="the node's mqtt.client_id (default: every node on the broker)")
+
     demo = sub.add_parser("demo", help="private broker + daemon + replay of the bundled test data")
     demo.add_argument("--config", type=Path, default=Path("config.yaml"))
     demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
@@ -145,6 +149,21 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from daemon.node_status import fetch, render
+
+    try:
+        nodes = fetch(args.broker, args.client_id)
+    except OSError as exc:
+        print(f"error: cannot reach the broker at {args.broker}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    if not nodes:
+        print(f"no edge-inferd node {args.client_id or ''} on {args.broker}".replace("  ", " "), file=sys.stderr)
+        return EXIT_FAIL
+    print(render(nodes))
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from daemon.demo import run_demo
 
@@ -152,7 +171,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_validate, "bench": _cmd_bench,
-             "demo": _cmd_demo}
+             "status": _cmd_status, "demo": _cmd_demo}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -9,8 +9,9 @@ a third of the daemon's CPU, and two of its habits stood out:
   read-ahead bytes remain, because `select()` cannot see them.
 - **Wake-ups**: every publish or ack queued from another thread writes a byte to
   paho's socketpair to wake its loop (`_packet_queue`: 10% of the samples). A worker
-  that publishes a batch of replies and acks holds the wake-ups (`quiet_wakeups`) and
-  wakes the loop once at the end.
+  that publishes a batch of replies holds the wake-ups (`quiet_wakeups`) and wakes the
+  loop once at the end; packets queued by the loop thread itself (the acks sent when a
+  reply's PUBACK arrives) wake nothing.
 
 Both rely on paho 2.x internals (`_sock_recv`, `_sock_close`, `_sockpairW`, pinned by
 `paho-mqtt>=2.1,<3`); tests/test_paho_client.py checks them against the real paho.
@@ -42,6 +43,9 @@ class _HeldWakeups:
         return len(data)
 
 
+_LOOP_THREAD = _HeldWakeups()  # owed wake-ups are never paid: the loop thread is the one they would wake
+
+
 class Client(paho.Client):
     """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's."""
 
@@ -53,11 +57,17 @@ class Client(paho.Client):
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
         super().__init__(*args, **kwargs)
 
-    # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in.
+    # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in, and
+    # so does paho's own loop thread, which is awake already: its packets (PUBACKs sent from
+    # `on_publish`, say) go out in the loop's next pass without a wake-up byte each.
     @property
     def _sockpairW(self) -> Any:  # noqa: N802 - paho's name
+        if self._real_sockpair_w is None:
+            return None
         held = getattr(self._held, "wakeups", None)
-        return held if held is not None and self._real_sockpair_w is not None else self._real_sockpair_w
+        if held is None and threading.current_thread() is getattr(self, "_thread", None):
+            return _LOOP_THREAD
+        return held if held is not None else self._real_sockpair_w
 
     @_sockpairW.setter
     def _sockpairW(self, value: Any) -> None:  # noqa: N802

@@ -261,3 +261,20 @@ def test_prometheus_endpoint_counts_requests_by_route_and_outcome(tmp_path, clie
     assert "edge_inferd_request_duration_seconds_count 1.0" in text
     assert 'edge_inferd_stage_seconds_bucket{le="+Inf",stage="queue"}' in text
     assert "edge_inferd_queue_depth 0.0" in text
+
+
+def test_status_command_prints_the_node_as_a_table(tmp_path, broker, client, start_daemon):
+    import subprocess
+    import sys
+
+    start_daemon(write_config(tmp_path), wait_online=client)
+    client.subscribe("edge-inferd/edge-inferd/stats")
+    client.wait_count("edge-inferd/edge-inferd/stats", 1)
+    out = subprocess.run([sys.executable, "-m", "daemon", "status", "--broker", broker.address,
+                          "--client-id", "edge-inferd"], capture_output=True, text=True, cwd=ROOT, timeout=WAIT_S)
+    assert out.returncode == 0, out.stderr
+    assert "node edge-inferd: online" in out.stdout and "received 0" in out.stdout
+    assert "activity" in out.stdout and "predicted wait" in out.stdout
+    missing = subprocess.run([sys.executable, "-m", "daemon", "status", "--broker", broker.address,
+                              "--client-id", "nobody"], capture_output=True, text=True, cwd=ROOT, timeout=WAIT_S)
+    assert missing.returncode == 1 and "no edge-inferd node nobody" in missing.stderr
