@@ -64,9 +64,9 @@ def test_a_second_sigint_during_the_drain_is_not_swallowed_by_shutdown():
     assert log == []  # nothing more is waited for
 
 
-def test_receive_maximum_lets_the_broker_stream_what_the_byte_budget_holds():
-    assert receive_maximum(WorkersConfig(max=2, queue_mb=64)) == 65535  # the MQTT v5 maximum
-    assert receive_maximum(WorkersConfig(max=1, queue_mb=1)) == 1024
+def test_receive_maximum_is_bounded_and_never_above_what_the_byte_budget_holds():
+    assert receive_maximum(WorkersConfig(max=2, queue_mb=64)) == 1024
+    assert receive_maximum(WorkersConfig(max=1, queue_mb=0.5)) == 512
 
 
 def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
