@@ -37,6 +37,7 @@ _MIB = 1 << 20
 # expiry, size) tuple, the expiry float and the OrderedDict slot. Measured with
 # tracemalloc on CPython 3.11 (267 B for a 6-float vector), rounded up.
 _ENTRY_OVERHEAD_BYTES = 272
+REOPEN_INTERVAL_S = 60.0  # a disk tier that failed at start is tried again this often
 _CLOSE_TIMEOUT_S = 5.0  # shutdown waits this long for queued disk writes, then gives up on them
 
 
@@ -101,7 +102,8 @@ class ResultCache:
     Starts a writer thread when the disk tier opens: call close() to flush and stop it.
     """
 
-    def __init__(self, config: CacheConfig, disk: Any = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: CacheConfig, disk: Any = None, clock: Callable[[], float] = time.monotonic,
+                 reopen_s: float = REOPEN_INTERVAL_S):
         self._clock = clock
         self._ttl_s = config.ttl_s or math.inf
         self._lock = threading.Lock()  # guards the LRU and the counters below
@@ -110,14 +112,31 @@ class ResultCache:
         self._memory = _MemoryLRU(budget) if budget > 0 else None
         self._disk: Optional[DiskTier] = None
         self._closed_disk: Optional[DiskTier] = None  # keeps its counters for snapshot()
+        self._closing = threading.Event()
+        self._reopener: Optional[threading.Thread] = None
         if config.enabled:
             self._disk = open_tier(config.dir, config.max_mb, config.ttl_s, disk)
+            if self._disk is None and disk is None:
+                self._reopener = threading.Thread(target=self._reopen, args=(config, reopen_s),
+                                                  name="cache-reopen", daemon=True)
+                self._reopener.start()
         if self._disk is not None and self._memory is not None:
             self._warm()
 
+    def _reopen(self, config: CacheConfig, interval_s: float) -> None:
+        """A disk that failed at start (full, unwritable, not yet mounted) is tried again now and then."""
+        while not self._closing.wait(interval_s):
+            disk = open_tier(config.dir, config.max_mb, config.ttl_s, report=False)
+            if disk is not None:
+                with self._lock:
+                    self._disk = disk
+                logger.info("cache %s opened on a retry: the disk tier works again", config.dir)
+                return
+
     @property
     def enabled(self) -> bool:
-        return self._memory is not None or self._disk is not None
+        """Either tier works, or the disk may still come (it failed at start and is being retried)."""
+        return self._memory is not None or self._disk is not None or self._reopener is not None
 
     def _warm(self) -> None:
         """Fill memory from disk, newest first, up to the memory budget."""
@@ -197,7 +216,11 @@ class ResultCache:
 
     def close(self) -> None:
         """Write what is queued (up to a time limit), stop the writer, close the disk."""
-        disk, self._disk = self._disk, None
+        self._closing.set()
+        if self._reopener is not None:
+            self._reopener.join(_CLOSE_TIMEOUT_S)
+        with self._lock:
+            disk, self._disk = self._disk, None
         if disk is not None:
             self._closed_disk = disk
             disk.close(_CLOSE_TIMEOUT_S)

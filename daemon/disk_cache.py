@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
@@ -40,6 +42,8 @@ _WRITE_QUEUE_MAX = 4096  # pending writes; a burst beyond this loses its oldest 
 _COST_EWMA_WEIGHT = 0.2  # weight of the newest read in the disk read cost estimate
 _WARM_LIMIT_S = 2.0  # a huge cache must not hold start-up hostage
 _PROBE_KEY = "\0probe"  # never a real key (those are hex digests)
+_QUARANTINE_SUFFIX = ".corrupt"
+_GROUP_OTHER_BITS = 0o077
 
 OFF, OK, FAILING = "off", "ok", "failing"
 
@@ -78,8 +82,8 @@ class SafeJSONDisk(diskcache.Disk):
         return json.loads(super().fetch(mode, filename, value, False))
 
 
-def open_disk(directory: Path, max_mb: int) -> Optional[diskcache.Cache]:
-    """The diskcache at `directory`, or None (reported) when it cannot be used."""
+def open_disk(directory: Path, max_mb: int, report: bool = True) -> Optional[diskcache.Cache]:
+    """The diskcache at `directory`, or None (reported unless `report` is False) when it cannot be used."""
     problem: Exception
     try:
         return _open_dir(directory, max_mb)
@@ -92,26 +96,57 @@ def open_disk(directory: Path, max_mb: int) -> Optional[diskcache.Cache]:
             problem = again
     except _CACHE_ERRORS as exc:
         problem = exc
-    logger.warning("cache %s cannot be opened (%s); serving without a disk cache", directory, problem)
+    (logger.warning if report else logger.debug)("cache %s cannot be opened (%s); serving without a disk "
+                                                 "cache and retrying now and then", directory, problem)
     return None
 
 
 def _recreate(directory: Path, max_mb: int, reason: Exception) -> diskcache.Cache:
-    """Move a corrupt cache aside (kept for inspection) and start an empty one."""
-    quarantine = directory.with_name(f"{directory.name}.corrupt-{int(time.time())}")
-    logger.warning("cache %s is corrupt (%s); moved to %s and starting empty", directory, reason, quarantine)
-    directory.rename(quarantine)
+    """Keep the corrupt cache for inspection (one copy: a newer one replaces it) and start empty.
+
+    The copy is the sibling `<dir>.corrupt`; when the directory is a mountpoint (or cannot be
+    renamed) its files move into `<dir>/.corrupt` instead and the cache is recreated in place."""
+    quarantine = directory.with_name(f"{directory.name}{_QUARANTINE_SUFFIX}")
+    if os.path.ismount(directory) or not _replace_dir(directory, quarantine):
+        quarantine = directory / _QUARANTINE_SUFFIX
+        shutil.rmtree(quarantine, ignore_errors=True)
+        quarantine.mkdir(mode=_DIR_MODE)
+        for entry in list(directory.iterdir()):
+            if entry != quarantine:
+                entry.rename(quarantine / entry.name)
+    logger.warning("cache %s is corrupt (%s); kept as %s, starting empty", directory, reason, quarantine)
     return _open_dir(directory, max_mb)
+
+
+def _replace_dir(directory: Path, quarantine: Path) -> bool:
+    shutil.rmtree(quarantine, ignore_errors=True)
+    try:
+        directory.rename(quarantine)
+    except OSError:  # e.g. EBUSY on a mountpoint that os.path.ismount did not see
+        return False
+    return True
 
 
 def _open_dir(directory: Path, max_mb: int) -> diskcache.Cache:
     directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(directory, _DIR_MODE)  # results may be sensitive; mkdir's mode obeys the umask
+    _keep_private(directory)
     cache = diskcache.Cache(str(directory), disk=SafeJSONDisk, timeout=_SQLITE_TIMEOUT_S,
                             size_limit=max_mb * _MIB, eviction_policy="least-recently-stored")
     # Touch the tables: a corrupt file often opens fine and fails on first use.
     cache.get(_PROBE_KEY)
     return cache
+
+
+def _keep_private(directory: Path) -> None:
+    """0700 for a directory we own (mkdir's mode obeys the umask); never chmod someone else's."""
+    info = directory.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == os.geteuid():
+        if mode != _DIR_MODE:
+            os.chmod(directory, _DIR_MODE)
+    elif mode & _GROUP_OTHER_BITS:
+        logger.warning("cache %s belongs to uid %d with mode %o: left as it is, so others may read the "
+                       "cached results; make it the service user's, mode 0700", directory, info.st_uid, mode)
 
 
 def as_scores(value: Any) -> Optional[np.ndarray]:
@@ -285,8 +320,9 @@ class DiskTier:
             logger.warning("cache close failed (%s)", exc)
 
 
-def open_tier(directory: Path, max_mb: int, ttl_s: float, disk: Any = None) -> Optional[DiskTier]:
+def open_tier(directory: Path, max_mb: int, ttl_s: float, disk: Any = None,
+              report: bool = True) -> Optional[DiskTier]:
     """The disk tier on `disk` (tests) or on the diskcache at `directory`; None when unusable."""
     if disk is None:
-        disk = open_disk(directory, max_mb)
+        disk = open_disk(directory, max_mb, report)
     return None if disk is None else DiskTier(disk, ttl_s)

@@ -5,14 +5,17 @@ or failing. Waits are event-driven with generous limits; no sleeps guess timing.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import sqlite3
 import stat
 import threading
+import time
 
 import diskcache
 import numpy as np
+import pytest
 
 from daemon.cache import ResultCache, make_key
 from daemon.config import CacheConfig
@@ -275,27 +278,50 @@ def test_a_planted_pickle_row_is_refused_not_unpickled(tmp_path, caplog):
     assert Boom.ran is False
 
 
-def test_corrupt_database_is_quarantined_and_recreated(tmp_path):
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "cache.db").write_bytes(b"this is not sqlite" * 100)
-    cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
-    assert cache.enabled and cache.snapshot()["disk"] == "ok"
-    cache.put_many([("k", _vec(1.0))])
-    assert cache.flush(WAIT_S)
-    assert cache.get_many(["k"], invoke_cost_s=10.0)[0].tolist() == [1.0]
-    assert any(p.name.startswith("c.corrupt-") for p in tmp_path.iterdir())
-    cache.close()
+def test_corrupt_database_is_quarantined_once_and_recreated(tmp_path):
+    for generation in (1, 2):  # a second incident replaces the first copy: one quarantined copy, not one each
+        (tmp_path / "c").mkdir(exist_ok=True)
+        (tmp_path / "c" / "cache.db").write_bytes(b"this is not sqlite %d" % generation * 100)
+        cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
+        assert cache.enabled and cache.snapshot()["disk"] == "ok"
+        cache.put_many([("k", _vec(1.0))])
+        assert cache.flush(WAIT_S)
+        assert cache.get_many(["k"], invoke_cost_s=10.0)[0].tolist() == [1.0]
+        cache.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "c.corrupt"]
+    assert (tmp_path / "c.corrupt" / "cache.db").read_bytes().startswith(b"this is not sqlite 2")  # the latest
 
 
-def test_an_unusable_directory_leaves_only_the_memory_tier(tmp_path, caplog):
+def test_a_disk_that_fails_at_start_is_retried_and_comes_back(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="daemon.cache")
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    cache = ResultCache(_config(blocker / "sub"))
+    cache = ResultCache(_config(blocker / "sub"), reopen_s=0.05)
     assert cache.enabled and cache.snapshot()["disk"] == "off"
     cache.put_many([("k", _vec(1.0))])
     assert cache.get_many(["k"])[0] is not None and cache.flush(WAIT_S)
     assert "serving without a disk cache" in caplog.text
-    assert not ResultCache(_config(blocker / "sub", memory_mb=0)).enabled
+    blocker.unlink()  # the operator frees the path
+    for _ in range(int(WAIT_S / 0.05)):
+        if cache.snapshot()["disk"] == "ok":
+            break
+        time.sleep(0.05)  # polling the retry thread; the limit only bounds a failing test
+    assert cache.snapshot()["disk"] == "ok" and "works again" in caplog.text
+    assert caplog.text.count("serving without a disk cache") == 1  # retries fail quietly
+    cache.close()
+
+
+def test_a_cache_dir_owned_by_someone_else_is_never_chmodded(tmp_path, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    directory = tmp_path / "c"
+    directory.mkdir(mode=0o755)
+    os.chmod(directory, 0o755)
+    os.chown(directory, 65534, 65534)  # nobody
+    cache = ResultCache(_config(directory, memory_mb=0))
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o755
+    assert "left as it is" in caplog.text
+    cache.close()
 
 
 def test_disabled_cache_does_nothing(tmp_path):
@@ -324,7 +350,8 @@ def test_an_unwritable_location_is_not_mistaken_for_corruption(tmp_path, caplog)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "cache.db").mkdir()  # sqlite cannot open a directory: OperationalError
     cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
-    assert not cache.enabled
+    assert cache.snapshot()["disk"] == "off"
     assert (tmp_path / "c" / "cache.db").is_dir()  # left alone, not moved aside
-    assert not any(p.name.startswith("c.corrupt-") for p in tmp_path.iterdir())
+    assert not any(p.name.startswith("c.corrupt") for p in tmp_path.iterdir())
+    cache.close()
     assert "serving without a disk cache" in caplog.text
