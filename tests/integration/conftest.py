@@ -39,12 +39,19 @@ def broker(tmp_path):
 class Client:
     """A test MQTT client that records every message per topic."""
 
-    def __init__(self, broker: Broker, protocol: int = paho.MQTTv5, client_id: str = ""):
+    def __init__(self, broker: Broker, protocol: int = paho.MQTTv5, client_id: str = "", persistent: bool = False):
+        """`persistent`: a v5 session the broker keeps across disconnects and its own restarts."""
         self.messages: list[paho.MQTTMessage] = []
         self.cond = threading.Condition()
         self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         self.c.on_message = self._on_message
-        self.c.connect("127.0.0.1", broker.port)
+        self.c.on_connect = lambda client, *a: disable_nagle(client.socket())
+        options: dict = {}
+        if persistent:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+            options = {"clean_start": False, "properties": props}
+        self.c.connect("127.0.0.1", broker.port, **options)
         disable_nagle(self.c.socket())
         self.c.loop_start()
 

@@ -164,3 +164,29 @@ def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
     finally:
         assert daemon.stop() == 0, daemon.log()
     assert "SIGHUP: hot reload is not implemented yet; ignored" in daemon.log()
+
+
+def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_daemon):
+    """A persistent publisher and collector (their own sessions) and the daemon ride out a broker restart."""
+    config = write_config(tmp_path, cache={"enabled": False})
+    collector = Client(broker, client_id="collector", persistent=True)
+    collector.c.reconnect_delay_set(1, 1)
+    start_daemon(config, wait_online=collector)
+    collector.subscribe("results/b1/activity")
+    publisher = Client(broker, client_id="publisher", persistent=True)
+    publisher.c.reconnect_delay_set(1, 1)
+    n = 400
+    payloads = _payloads(n)
+    _burst(publisher, "sensors/b1/imu", payloads[:200])
+    collector.wait_count("results/b1/activity", 10)
+    broker.stop()  # SIGTERM: mosquitto saves its state (a SIGKILL loses its last autosave_interval: reliability.md)
+    broker.start()
+    for _ in range(int(WAIT_S / 0.1)):  # the publisher's own reconnect (1 s delay)
+        if publisher.c.is_connected():
+            break
+        time.sleep(0.1)
+    _burst(publisher, "sensors/b1/imu", payloads[200:])
+    replies = _wait_unique_ids(collector, "results/b1/activity", n)
+    assert {r["id"] for r in replies} == set(range(n))
+    publisher.close()
+    collector.close()
