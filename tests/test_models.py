@@ -48,3 +48,16 @@ def test_validate_exits_1_below_the_gate():
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["passed"] is False
+
+
+def test_validate_fails_the_gate_when_the_drop_exceeds_max_drop():
+    """appliance's INT8 is 0.01 *above* float (0.86 vs 0.85): a max-drop of -0.02 must fail, -0.005 pass."""
+    from daemon.config import load_config
+    from daemon.evaluate import validate
+
+    config = load_config(ROOT / "config.yaml")
+    model_dir = ROOT / "models/appliance"
+    args = (config, "appliance", model_dir / "test.npz", model_dir / "model_float.tflite")
+    report, ok = validate(*args, max_drop=-0.02)
+    assert not ok and report["drop"] > -0.02
+    assert validate(*args, max_drop=-0.005)[1]

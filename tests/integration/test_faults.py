@@ -190,3 +190,23 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
     assert {r["id"] for r in replies} == set(range(n))
     publisher.close()
     collector.close()
+
+
+def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, broker, start_daemon):
+    config = write_config(tmp_path, mqtt={"session_expiry_s": 0}, stats_interval_s=0.2)
+    collector = Client(broker, client_id="collector2", persistent=True)
+    start_daemon(config, wait_online=collector)
+    collector.subscribe("results/c2/activity")
+    collector.subscribe("edge-inferd/edge-inferd/stats")
+    broker.stop()
+    broker.start()
+
+    def came_back() -> bool:  # the daemon re-announced `online`, which it does only after SUBACK
+        stats = [json.loads(m.payload) for m in collector.messages if m.topic == "edge-inferd/edge-inferd/stats"]
+        return any(s.get("reconnects", 0) >= 1 for s in stats)
+    with collector.cond:
+        assert collector.cond.wait_for(came_back, WAIT_S)
+    collector.publish("sensors/c2/imu", _payloads(1)[0])
+    [reply] = collector.wait_json("results/c2/activity")
+    assert "label" in reply
+    collector.close()
