@@ -108,7 +108,7 @@ class Admission:
         """A Ticket when the request may queue, else the Refusal to answer it with."""
         nbytes = payload_bytes + JOB_OVERHEAD_BYTES
         with self._lock:
-            wait = self.queued_work_s / self._workers
+            wait = self.predicted_wait_s()
             if self.queued_bytes + nbytes > self._budget:
                 return Refusal(OVERLOADED, f"queued requests hold {_kib(self.queued_bytes)} and this one "
                                f"{_kib(nbytes)}; the budget (workers.queue_mb) is {_kib(self._budget)}")
@@ -117,8 +117,7 @@ class Admission:
                                f"{self._max_wait * _MS:.0f}; retry later")
             if deadline is not None and self._clock() + wait >= deadline:
                 return Refusal(EXPIRED, f"predicted wait {wait * _MS:.0f} ms passes the request's deadline")
-            model = self._costs.get(route)
-            cost = model.per_request(self._batch_size) if model else 0.0
+            cost = self._cost(route)
             self.queued_bytes += nbytes
             self.queued_work_s += cost
         return Ticket(nbytes, cost)
@@ -136,5 +135,9 @@ class Admission:
 
     def cost_per_request_s(self, route: str) -> float:
         with self._lock:
-            model = self._costs.get(route)
-            return model.per_request(self._batch_size) if model else 0.0
+            return self._cost(route)
+
+    def _cost(self, route: str) -> float:
+        """A route's measured cost per request at a full batch; 0 until measured (lock held)."""
+        model = self._costs.get(route)
+        return model.per_request(self._batch_size) if model else 0.0

@@ -335,7 +335,7 @@ def _check_models(r: Reader, config: Config) -> None:
     for name, mc in config.models.items():
         p = f"models.{name}"
         try:
-            loaded[name] = open_model(config, name)
+            loaded[name] = open_model(config, name, max_batch=1)
         except (ModelError, DaemonError) as exc:
             r.error(models_raw[name], "path", p, str(exc))
             continue
@@ -364,11 +364,15 @@ def _check_route_shape(r: Reader, i: int, route: RouteConfig, model: Model) -> N
         r.error(m, "output", f"routes[{i}]", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
 
 
-def open_model(config: Config, name: str) -> Model:
-    """Load model `name` as the config says: its backend, pinned digest and XNNPACK setting."""
+def open_model(config: Config, name: str, max_batch: Optional[int] = None,
+               sha256: Optional[str] = None) -> Model:
+    """Load model `name` as the config says: its backend, pinned digest, XNNPACK and batch buckets.
+
+    `max_batch=1` for a copy that only checks or describes the model (no batch interpreters
+    to build); `sha256` pins a digest already read (the workers' copies of a loaded model)."""
     mc = config.models[name]
-    return Model(mc.path, backend=config.runtime, expected_sha256=mc.sha256, xnnpack=config.xnnpack,
-                 max_batch=config.batching.max_batch)
+    return Model(mc.path, backend=config.runtime, expected_sha256=sha256 or mc.sha256, xnnpack=config.xnnpack,
+                 max_batch=max_batch or config.batching.max_batch)
 
 
 def read_labels(path: Path) -> Optional[list[str]]:

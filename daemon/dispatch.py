@@ -26,7 +26,7 @@ from daemon.errors import INTERNAL
 from daemon.mqtt import Inbound
 from daemon.pipeline import Outcome, Request, RoutePipeline, ScoreCache
 from daemon.runtime import Model
-from daemon.stats import Stats, ThrottledLog
+from daemon.stats import RESULT, Stats, ThrottledLog
 from daemon.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -49,11 +49,6 @@ class Job:
     inbound: Inbound
     reply_topic: str
     ticket: Ticket
-
-    @property
-    def deadline(self) -> Optional[float]:
-        expiry = self.inbound.expiry_s
-        return self.inbound.received_at + expiry if expiry else None
 
 
 WorkerModels = Mapping[str, Model]  # one worker's private interpreters, by model name
@@ -85,7 +80,7 @@ class Dispatcher:
                                    batching.max_batch, clock)
         self._pool: WorkerPool[Job, WorkerModels] = WorkerPool(
             workers.max, make_models, self.process, batching.max_batch, batching.max_delay_ms / 1000.0,
-            deadline_of=lambda job: job.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock)
+            deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock)
 
     @property
     def filters(self) -> list[str]:
@@ -115,8 +110,7 @@ class Dispatcher:
             self._ack(inbound)
             return
         pipe, reply_topic = found
-        deadline = inbound.received_at + inbound.expiry_s if inbound.expiry_s else None
-        verdict = self.admission.admit(pipe.route.name, len(inbound.payload), deadline)
+        verdict = self.admission.admit(pipe.route.name, len(inbound.payload), inbound.deadline)
         if isinstance(verdict, Refusal):
             self._shed(pipe, inbound, reply_topic, verdict)
         elif not self._pool.submit(Job(pipe, inbound, reply_topic, verdict)):
@@ -173,7 +167,7 @@ class Dispatcher:
 
     def _run_pipeline(self, model: Model, group: list[Job]) -> Outcome:
         pipe = group[0].pipe
-        requests = [Request(j.inbound.payload, j.inbound.received_at, j.deadline) for j in group]
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
         try:
             return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock)
         except Exception:  # a model or cache bug: isolate the request that causes it
@@ -191,13 +185,11 @@ class Dispatcher:
 
     def _send(self, inbound: Inbound, reply_topic: str, reply: dict, tally: "_Tally") -> None:
         error = reply.get("error")
-        tally.outcomes[(reply.get("route") or "", error["code"] if error else "result")] += 1
+        tally.outcomes[(reply.get("route") or "", error["code"] if error else RESULT)] += 1
         if error:
-            tally.counts[f"errors.{error['code']}"] += 1
             self._log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,
                               error["code"], error["message"])
         else:
-            tally.counts["results"] += 1
             tally.counts["cache_hits" if reply["cached"] else "inferences"] += 1
             tally.latencies_ms.append(reply["latency_ms"])
         topic = inbound.response_topic or reply_topic

@@ -3,15 +3,14 @@
 `edge-inferd/<client_id>/stats` is retained and published at start and every
 `stats_interval_s` (the contract's keys: received, results, errors by code, cache, queue,
 workers, models, latency_ms, reconnects, outbox, uptime_s). The same object goes to the
-log, once a minute. The Prometheus exporter is still to come; it will read the same parts.
+log, once a minute. The Prometheus exporter (prometheus.py) reads the same `Stats`.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Optional, Protocol
 
-ERROR_PREFIX = "errors."
-_MS = 1000.0
+from daemon.stats import ERROR_PREFIX, RESULTS
 
 
 class _Cache(Protocol):
@@ -28,7 +27,7 @@ def node_stats(stats: dict, uptime_s: float, models: Mapping[str, str], workers:
     latency["stages"] = stats.get("stages_ms", {})
     return {
         "received": counts.get("received", 0),
-        "results": counts.get("results", 0),
+        "results": counts.get(RESULTS, 0),
         "errors": errors,
         "counts": {name: n for name, n in counts.items() if not name.startswith(ERROR_PREFIX)},
         "cache": cache.snapshot() if cache is not None else {"enabled": False},

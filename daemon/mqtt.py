@@ -19,7 +19,7 @@ that shape this module:
   further QoS 1 publishes in memory but writes PUBACKs at once, so a daemon killed then
   had acked requests whose replies never left (measured: 238 of 600 unanswered after a
   SIGKILL and restart). With MQTT v5 the CONNECT carries ReceiveMaximum (see
-  service.receive_maximum for why it is high).
+  service.receive_maximum for why it is bounded).
 - A persistent session (`mqtt.session_expiry_s` > 0: v5 `clean_start=False` with a
   SessionExpiryInterval, 3.1.1 `clean_session=False`) keeps the subscriptions and the
   unacked requests at the broker while the daemon is away; the broker redelivers them
@@ -82,6 +82,11 @@ class Inbound:
     response_topic: Optional[str] = None
     correlation_data: Optional[bytes] = None
     expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
+
+    @property
+    def deadline(self) -> Optional[float]:
+        """When the v5 message expiry runs out (same clock as `received_at`), or None."""
+        return self.received_at + self.expiry_s if self.expiry_s else None
 
 
 def _path(value: Optional[object]) -> Optional[str]:
@@ -160,7 +165,6 @@ class MqttLink:
         self._client.on_connect_fail = self._on_connect_fail
         self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
         self._safe = _AckWhenSafe(self.ack)
-        self._online_before = False
         self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
         self.reconnects = 0  # times the daemon came back online after the first time
 
@@ -209,8 +213,8 @@ class MqttLink:
 
     def _announce_online(self) -> None:
         """`online` once subscribed (after SUBACK): never while requests would go unheard."""
-        self.reconnects += 1 if self._online_before else 0
-        self._online_before = True
+        if self.online.is_set():
+            self.reconnects += 1
         self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
         self.online.set()
 

@@ -24,8 +24,6 @@ from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
-# Per-stage timings of a batch, in the order a request goes through them.
-STAGES = ("decode", "preprocess", "infer", "postprocess")
 
 Clock = Callable[[], float]
 CacheEntry = tuple[str, np.ndarray]

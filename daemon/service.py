@@ -145,9 +145,8 @@ class Service:
         return self._link.loop_alive and self._dispatcher.pool.progressing(limit)
 
     def _status_line(self) -> str:
-        counts = self.stats.snapshot()["counts"]
-        return (f"serving {len(self.config.routes)} route(s): {counts.get('received', 0)} received, "
-                f"{counts.get('results', 0)} results")
+        return (f"serving {len(self.config.routes)} route(s): {self.stats.count('received')} received, "
+                f"{self.stats.count('results')} results")
 
     def _publish_stats(self) -> dict:
         snapshot = self.snapshot()
@@ -175,23 +174,25 @@ class Service:
 
     def snapshot(self) -> dict:
         """The node's stats (daemon/metrics.py): counters, cache hit rate, queue, models, latency."""
-        queue = None
-        if self._dispatcher is not None:
-            admission, pool = self._dispatcher.admission, self._dispatcher.pool
-            queue = {"depth": pool.depth, "busy": pool.busy, "bytes": admission.queued_bytes,
-                     "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
         link = self._link
         return metrics.node_stats(self.stats.snapshot(), time.monotonic() - self._started_at,
                                   {name: m.sha256 for name, m in self._models.items()}, self.config.workers.max,
-                                  queue, self._cache, link.reconnects if link else 0,
+                                  self._queue_state(), self._cache, link.reconnects if link else 0,
                                   link.unconfirmed_replies if link else 0)
+
+    def _queue_state(self) -> Optional[dict]:
+        if self._dispatcher is None:
+            return None
+        admission, pool = self._dispatcher.admission, self._dispatcher.pool
+        return {"depth": pool.depth, "busy": pool.busy, "bytes": admission.queued_bytes,
+                "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
 
     def _serve_metrics(self) -> None:
         if self.config.metrics.port is not None:
             from daemon import prometheus  # optional: only a configured endpoint needs prometheus-client
 
             prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
-                             lambda: self.snapshot()["queue"])
+                             lambda: self._queue_state() or {})
 
     def _handle_signals(self) -> None:
         """The main loop's side of the signal queue: TERM and INT stop, HUP is noted."""
@@ -206,7 +207,7 @@ class Service:
     def _load_models(self) -> None:
         """Verify and load each model once; its digest pins the workers' copies."""
         for name, mc in self.config.models.items():
-            model = open_model(self.config, name)
+            model = open_model(self.config, name, max_batch=1)  # the workers' copies hold the batch buckets
             model.warm_up()
             self._models[name] = model
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
@@ -215,8 +216,7 @@ class Service:
     def _worker_models(self, index: int) -> WorkerModels:
         models = {}
         for name, reference in self._models.items():
-            model = Model(reference.path, backend=reference.backend, expected_sha256=reference.sha256,
-                          xnnpack=reference.xnnpack, max_batch=self.config.batching.max_batch)
+            model = open_model(self.config, name, sha256=reference.sha256)
             model.warm_up()
             models[name] = model
         return models

@@ -26,6 +26,10 @@ STAGE_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Upper bounds of the batch-size buckets.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# The outcome of a request answered with a result; any other outcome is an error code.
+RESULT = "result"
+RESULTS = "results"  # the counter of result outcomes
+ERROR_PREFIX = "errors."
 # A given kind of per-request problem is logged at most once per this many seconds.
 DEFAULT_LOG_INTERVAL_S = 10.0
 
@@ -46,13 +50,12 @@ class Stats:
         with self._lock:
             self._counts[name] += n
 
-    def observe_latency(self, ms: float) -> None:
-        with self._lock:
-            self._latency_ms.append(ms)
-
     def record(self, counts: Mapping[str, int], latencies_ms: Sequence[float] = (),
                outcomes: Mapping[tuple[str, str], int] = MappingProxyType({})) -> None:
-        """A batch's counters, result latencies and (route, outcome) counts under one lock."""
+        """A batch's counters, result latencies and (route, outcome) counts under one lock.
+
+        Outcomes are `result` or an error code; `results` and `errors.<code>` are summed from
+        them when read, so a reply is counted once."""
         with self._lock:
             self._counts.update(counts)
             self._latency_ms.extend(latencies_ms)
@@ -83,11 +86,18 @@ class Stats:
 
     def count(self, name: str) -> int:
         with self._lock:
-            return self._counts[name]
+            return self._all_counts()[name]
+
+    def _all_counts(self) -> Counter[str]:
+        """The counters, plus `results` and `errors.<code>` summed from the outcomes (lock held)."""
+        counts = Counter(self._counts)
+        for (_, outcome), n in self._outcomes.items():
+            counts[RESULTS if outcome == RESULT else f"{ERROR_PREFIX}{outcome}"] += n
+        return counts
 
     def snapshot(self) -> dict:
         with self._lock:
-            counts = dict(self._counts)
+            counts = dict(self._all_counts())
             lat = np.array(self._latency_ms, dtype=np.float64)
             stages = {name: h.summary(scale=_MS) for name, h in self._stages.items()}
             batches = self._batches.summary()

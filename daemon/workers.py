@@ -36,7 +36,8 @@ class WorkerPool(Generic[J, C]):
     def __init__(self, size: int, make_context: Callable[[int], C], process: Callable[[C, list[J]], None],
                  max_batch: int = 1, max_delay_s: float = 0.0,
                  deadline_of: Callable[[J], Optional[float]] = lambda job: None,
-                 arrival_of: Optional[Callable[[J], float]] = None, clock: Callable[[], float] = time.monotonic, name: str = "worker"):
+                 arrival_of: Optional[Callable[[J], float]] = None, clock: Callable[[], float] = time.monotonic,
+                 name: str = "worker"):
         self._size = size
         self._make_context = make_context
         self._process = process
@@ -108,19 +109,21 @@ class WorkerPool(Generic[J, C]):
     def _fill(self, batch: list[J]) -> None:
         """Wait (lock held by the caller, released while waiting) for more jobs until the window closes."""
         close = self._arrival_of(batch[0]) + self._max_delay
-        deadlines = [d for d in map(self._deadline_of, batch) if d is not None]
+        for job in batch:
+            close = self._before_deadline(close, job)
         while len(batch) < self._max_batch and not self._closing:
-            if deadlines:
-                close = min(close, *deadlines)
-            left = close - self._clock()
             if self._queue:
                 job = self._queue.popleft()
                 batch.append(job)
-                deadline = self._deadline_of(job)
-                if deadline is not None:
-                    deadlines.append(deadline)
-            elif left <= 0 or not self._cond.wait(left):
+                close = self._before_deadline(close, job)
+                continue
+            left = close - self._clock()
+            if left <= 0 or not self._cond.wait(left):
                 return
+
+    def _before_deadline(self, close: float, job: J) -> float:
+        deadline = self._deadline_of(job)
+        return close if deadline is None else min(close, deadline)
 
     def _run(self, context: C) -> None:
         while (batch := self.take()) is not None:
