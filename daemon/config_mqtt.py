@@ -31,6 +31,16 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class OutboxConfig:
+    dir: Path = Path(".state/edge-inferd/outbox")
+    """Replies made while the broker is away wait here (SQLite, mode 0700). Relative: under
+    $STATE_DIRECTORY when systemd sets it (StateDirectory=), else next to the config file."""
+    max_mb: float = 64.0
+    """Size cap in MiB; past it the newest reply is refused and counted (its request is still
+    unacked at the broker, so a QoS 1 request is redelivered and answered later). 0: no outbox."""
+
+
+@dataclass(frozen=True)
 class MqttConfig:
     broker: str = f"localhost:{DEFAULT_PORT}"
     """host:port of the broker ([v6addr]:port for IPv6)."""
@@ -58,6 +68,8 @@ class MqttConfig:
     LoadCredential=), or (discouraged) inline. Never logged; `repr=False` keeps it out of reprs."""
     tls: Optional[TlsConfig] = None
     """TLS to the broker, hostname verified; None: plain TCP."""
+    outbox: OutboxConfig = OutboxConfig()
+    """The on-disk outbox (daemon/outbox.py)."""
 
     @property
     def host(self) -> str:
@@ -120,6 +132,7 @@ def read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
         username=r.get(m, "username", p, (str, type(None)), None),
         password=_read_password(r, m, base),
         tls=_read_tls(r, m, base),
+        outbox=_read_outbox(r, m, base),
     )
 
 
@@ -155,6 +168,16 @@ def _read_tls(r: Reader, m: Mapping, base: Path) -> Optional[TlsConfig]:
     if (files["cert_file"] is None) != (files["key_file"] is None):
         r.error(t, "cert_file", "mqtt.tls", "cert_file and key_file go together")
     return TlsConfig(**files)
+
+
+def _read_outbox(r: Reader, m: Mapping, base: Path) -> OutboxConfig:
+    d = OutboxConfig()
+    o = r.section(m, "outbox", OutboxConfig, path="mqtt.outbox")
+    state_directory = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return OutboxConfig(
+        dir=(Path(state_directory) if state_directory else base) / r.get(o, "dir", "mqtt.outbox", str, str(d.dir)),
+        max_mb=r.get(o, "max_mb", "mqtt.outbox", float, d.max_mb, minimum=0),
+    )
 
 
 def _within_session_expiry(value: int) -> Optional[str]:

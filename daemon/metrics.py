@@ -19,7 +19,7 @@ class _Cache(Protocol):
 
 def node_stats(stats: dict, uptime_s: float, models: Mapping[str, str], workers: int,
                queue: Optional[dict] = None, cache: Optional[_Cache] = None,
-               reconnects: int = 0, outbox: int = 0) -> dict:
+               reconnects: int = 0, outbox: Optional[dict] = None) -> dict:
     """`stats` is `Stats.snapshot()`; `models` maps each model name to its sha256."""
     counts = dict(stats.get("counts", {}))
     errors = {name[len(ERROR_PREFIX):]: n for name, n in counts.items() if name.startswith(ERROR_PREFIX)}
@@ -37,6 +37,6 @@ def node_stats(stats: dict, uptime_s: float, models: Mapping[str, str], workers:
         "models": {name: {"loaded": True, "sha256": sha[:12]} for name, sha in models.items()},
         "latency_ms": latency,
         "reconnects": reconnects,
-        "outbox": outbox,
+        "outbox": outbox or {},
         "uptime_s": round(uptime_s, 1),
     }

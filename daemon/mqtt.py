@@ -27,6 +27,10 @@ that shape this module:
   on from the first connect (the dispatcher queues them until the workers start), and
   `close_intake` keeps the subscriptions: what arrives after it stays unacked and is
   redelivered to the next run.
+- While the broker is away (`connected` clear) a reply goes to the on-disk outbox
+  (outbox.py), not into paho's memory; paho resends only what it was handed before the
+  connection dropped, and `stop()` moves what it still holds unconfirmed (`drop_out_messages`)
+  to the outbox. The flusher hands stored rows to paho once connected, each only once.
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped.
@@ -49,6 +53,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config import MqttConfig
+from daemon.outbox import Outbox, OutboxFlusher, Row
 from daemon.paho_client import Client
 from daemon.stats import ThrottledLog
 
@@ -94,37 +99,42 @@ def _path(value: Optional[object]) -> Optional[str]:
 
 
 class _AckWhenSafe:
-    """Request acks held until the broker has the reply (its PUBACK), by reply mid.
+    """What waits for the broker to have a publish (its PUBACK), by mid: a request's ack, an
+    outbox row's removal, or nothing (status and stats).
 
     paho runs `on_publish` before it marks the message published, and may run it before
     `publish()` has returned the mid to us; such early completions wait in `_early` for
-    the publish that produced them. Every publish registers (status ones with no request),
+    the publish that produced them. Every publish registers (status ones with no owner),
     so an early mid is always claimed and none go stale."""
 
-    def __init__(self, ack: Callable[["Inbound"], None]):
-        self._ack = ack
+    def __init__(self, done: Callable[[object], None]):
+        self._done = done
         self._lock = threading.Lock()
-        self._awaiting: dict[int, Optional[Inbound]] = {}
+        self._awaiting: dict[int, Optional[object]] = {}
         self._early: set[int] = set()
 
-    def register(self, mid: int, inbound: Optional["Inbound"]) -> None:
+    def register(self, mid: int, owner: Optional[object]) -> None:
         with self._lock:
             if mid in self._early:
                 self._early.discard(mid)
             else:
-                self._awaiting[mid] = inbound
+                self._awaiting[mid] = owner
                 return
-        if inbound is not None:
-            self._ack(inbound)
+        if owner is not None:
+            self._done(owner)
 
     def completed(self, mid: int) -> None:
         with self._lock:
             if mid not in self._awaiting:
                 self._early.add(mid)
                 return
-            inbound = self._awaiting.pop(mid)
-        if inbound is not None:
-            self._ack(inbound)
+            owner = self._awaiting.pop(mid)
+        if owner is not None:
+            self._done(owner)
+
+    def owner(self, mid: int) -> Optional[object]:
+        with self._lock:
+            return self._awaiting.get(mid)
 
     @property
     def pending(self) -> int:
@@ -135,7 +145,7 @@ class MqttLink:
     """One paho client: status, intake of the given filters, replies and acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_message: Callable[[Inbound], None],
-                 receive_maximum: Optional[int] = None):
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
         self._config = config
         self._receive_maximum = receive_maximum
         self._filters = tuple(filters)
@@ -164,7 +174,9 @@ class MqttLink:
         self._client.on_publish = self._on_publish
         self._client.on_connect_fail = self._on_connect_fail
         self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
-        self._safe = _AckWhenSafe(self.ack)
+        self._safe = _AckWhenSafe(self._published)
+        self.outbox = outbox
+        self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
         self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
         self.reconnects = 0  # times the daemon came back online after the first time
 
@@ -184,6 +196,8 @@ class MqttLink:
         self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
                                    **options)
         self._client.loop_start()
+        if self._flusher is not None:
+            self._flusher.start()
 
     def open_intake(self) -> None:
         """Subscribe now if connected, and on every (re)connect; then announce `online`."""
@@ -225,6 +239,8 @@ class MqttLink:
         logger.info("connected to %s", self._config.broker)
         disable_nagle(client.socket())
         self.connected.set()
+        if self._flusher is not None:
+            self._flusher.wake()
         if self._subscribing.is_set():
             self._subscribe()
 
@@ -279,20 +295,37 @@ class MqttLink:
         return self._publish(topic, payload, retain, correlation_data, None)
 
     def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
-        """Publish a request's reply, and ack the request once the broker has the reply."""
+        """Publish a request's reply, and ack the request once the broker has the reply. While
+        the broker is away the reply goes to the outbox, and the request stays unacked: the
+        broker redelivers it on reconnect (a duplicate reply, cheap through the cache)."""
+        if self.outbox is not None and not self.connected.is_set():
+            self.outbox.put_many([(topic, payload, inbound.correlation_data)])
+            self._flusher.wake()
+            return
         self._publish(topic, payload, False, inbound.correlation_data, inbound)
 
+    def _flush(self, row: Row) -> None:
+        """The outbox flusher's thread: hand one stored reply to paho; removed on its PUBACK."""
+        self._publish(row.topic, row.payload, False, row.correlation_data, row)
+
+    def _published(self, owner: object) -> None:
+        """The broker has the publish `owner` waited for: ack its request, or drop its outbox row."""
+        if isinstance(owner, Inbound):
+            self.ack(owner)
+        elif isinstance(owner, Row) and self._flusher is not None:
+            self._flusher.confirmed(owner)
+
     def _publish(self, topic: str, payload: bytes, retain: bool, correlation_data: Optional[bytes],
-                 inbound: Optional[Inbound]) -> paho.MQTTMessageInfo:
+                 owner: Optional[object]) -> paho.MQTTMessageInfo:
         properties = None
         if correlation_data is not None and self._config.is_v5:
             properties = Properties(PacketTypes.PUBLISH)
             properties.CorrelationData = correlation_data
         info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
         if self._config.qos > 0:
-            self._safe.register(info.mid, inbound)
-        elif inbound is not None:
-            self.ack(inbound)  # QoS 0 replies are never acknowledged; nothing to wait for
+            self._safe.register(info.mid, owner)
+        elif owner is not None:
+            self._published(owner)  # QoS 0 replies are never acknowledged; nothing to wait for
         return info
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
@@ -307,9 +340,15 @@ class MqttLink:
 
     @property
     def unconfirmed_replies(self) -> int:
-        """Replies (and status) the broker has not confirmed yet: what a lost connection would
-        hold in memory for resending (the stats' `outbox`; an on-disk outbox is still to come)."""
+        """Publishes the broker has not confirmed yet, held by paho for resending."""
         return self._safe.pending
+
+    def outbox_state(self) -> dict:
+        """The stats' `outbox`: paho's unconfirmed publishes, and the on-disk outbox's rows."""
+        state = {"unconfirmed": self.unconfirmed_replies}
+        if self.outbox is not None:
+            state.update(self.outbox.snapshot())
+        return state
 
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""
@@ -321,7 +360,10 @@ class MqttLink:
             self._client.ack(inbound.mid, inbound.qos)
 
     def stop(self, timeout_s: float) -> None:
-        """Publish the retained `offline`, wait for it briefly, then disconnect."""
+        """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
+        the broker has not confirmed in the outbox, for the next run."""
+        if self._flusher is not None:
+            self._flusher.stop()
         if self.connected.is_set():
             info = self.publish(self._config.status_topic, STATUS_OFFLINE, retain=True)
             try:
@@ -330,3 +372,17 @@ class MqttLink:
                 logger.warning("could not publish offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
+        if self.outbox is not None:
+            self._spill()
+            self.outbox.close()
+
+    def _spill(self) -> None:
+        """paho's unconfirmed replies -> the outbox (status, stats and stored rows are not replies)."""
+        left = [m for m in self._client.drop_out_messages()
+                if not m.retain and not isinstance(self._safe.owner(m.mid), Row)]
+        if left:
+            kept = self.outbox.put_many([(m.topic, m.payload, getattr(m.properties, "CorrelationData", None))
+                                         for m in left])
+            logger.warning("%d unconfirmed repl%s kept in the outbox %s for the next run%s", kept,
+                           "y" if kept == 1 else "ies", self.outbox.path,
+                           f" ({len(left) - kept} did not fit)" if kept < len(left) else "")

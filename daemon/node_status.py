@@ -68,6 +68,7 @@ def render(nodes: dict[str, dict]) -> str:
 def _block(name: str, node: dict) -> str:
     s = node.get("stats", {})
     latency, queue, cache = s.get("latency_ms", {}), s.get("queue", {}), s.get("cache", {})
+    outbox = s.get("outbox") if isinstance(s.get("outbox"), dict) else {}
     errors = " ".join(f"{code}={n}" for code, n in sorted(s.get("errors", {}).items())) or "none"
     models = ", ".join(f"{m} {v.get('sha256', '?')}{'' if v.get('loaded') else ' (unloaded)'}"
                        for m, v in sorted(s.get("models", {}).items())) or "?"
@@ -80,6 +81,7 @@ def _block(name: str, node: dict) -> str:
         f"  cache      hit rate {cache.get('hit_rate', 0.0) * _PCT:.0f}%  entries {cache.get('entries', 0)}"
         f"  disk {cache.get('disk', 'off')}",
         f"  models     {models}",
-        f"  link       reconnects {s.get('reconnects', '?')}  unconfirmed replies {s.get('outbox', '?')}",
+        f"  link       reconnects {s.get('reconnects', '?')}  unconfirmed {outbox.get('unconfirmed', '?')}"
+        f"  outbox {outbox.get('stored', 'off')} stored, {outbox.get('dropped', 0)} dropped",
     ]
     return "\n".join(rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -29,6 +30,7 @@ from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import ModelError
 from daemon.mqtt import MqttLink
 from daemon.notify import Notifier
+from daemon.outbox import Outbox
 from daemon.signals import ForcedExit, SignalQueue  # noqa: F401 - ForcedExit is re-exported for cli
 from daemon.pipeline import RoutePipeline
 from daemon.runtime import Model
@@ -150,7 +152,7 @@ class Service:
 
     def _publish_stats(self) -> dict:
         snapshot = self.snapshot()
-        if self._link is not None:
+        if self._link is not None and self._link.connected.is_set():  # not piled up in paho while away
             self._link.publish(self.config.mqtt.stats_topic, codecs.encode(snapshot), retain=True)
         return snapshot
 
@@ -178,7 +180,7 @@ class Service:
         return metrics.node_stats(self.stats.snapshot(), time.monotonic() - self._started_at,
                                   {name: m.sha256 for name, m in self._models.items()}, self.config.workers.max,
                                   self._queue_state(), self._cache, link.reconnects if link else 0,
-                                  link.unconfirmed_replies if link else 0)
+                                  link.outbox_state() if link else {})
 
     def _queue_state(self) -> Optional[dict]:
         if self._dispatcher is None:
@@ -250,9 +252,21 @@ class Service:
 
     def _connect(self) -> None:
         self._link = MqttLink(self.config.mqtt, self._dispatcher.filters, self._dispatcher.on_message,
-                              receive_maximum=receive_maximum(self.config.workers))
+                              receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
         self._dispatcher.attach(self._link)
         self._link.start()
+
+    def _open_outbox(self) -> Optional[Outbox]:
+        """The on-disk outbox, or None (turned off, or it cannot be opened: replies then wait
+        in paho's memory while the broker is away, and are lost if the daemon stops meanwhile)."""
+        config = self.config.mqtt.outbox
+        if config.max_mb <= 0:
+            return None
+        try:
+            return Outbox(config.dir, int(config.max_mb * 1024 * 1024))
+        except (OSError, sqlite3.Error) as exc:
+            logger.warning("mqtt.outbox: cannot open %s (%s); serving without an on-disk outbox", config.dir, exc)
+            return None
 
     def _disconnect(self) -> None:
         self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import time
 
@@ -209,4 +210,36 @@ def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, br
     collector.publish("sensors/c2/imu", _payloads(1)[0])
     [reply] = collector.wait_json("results/c2/activity")
     assert "label" in reply
+    collector.close()
+
+
+def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_outbox(tmp_path, broker, start_daemon):
+    """The broker stops (and comes back with no memory of anyone) while the daemon drains a queue,
+    and the daemon is stopped before it returns: the replies wait in the on-disk outbox and
+    reach the collector from the next run, though the broker no longer holds the requests."""
+    config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1})
+    collector = Client(broker, client_id="collector-o")
+    collector.c.reconnect_delay_set(1, 1)
+    first = start_daemon(config, wait_online=collector)
+    collector.subscribe("results/o1/appliance")
+    with np.load(ROOT / "models/appliance/test.npz") as data:
+        x = data["x"]
+    _burst(collector, "plugs/o1/power", [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode()
+                                         for i in range(300)])
+    collector.wait_count("results/o1/appliance", 5)  # serving; most of the burst is still queued
+    broker.stop()
+    assert first.stop() == 0, first.log()  # drains with no broker: the replies go to the outbox
+    stats = _final_stats(first.log())
+    received = stats["counts"]["received"]
+    assert stats["outbox"]["stored"] > 0 and stats["outbox"]["dropped"] == 0, stats["outbox"]
+    shutil.rmtree(broker.workdir / "data")  # the broker forgets every session and queued request
+    broker.start()
+    for _ in range(int(WAIT_S / 0.1)):  # the collector's own reconnect (1 s delay), then subscribe again
+        if collector.c.is_connected():
+            break
+        time.sleep(0.1)
+    collector.subscribe("results/o1/appliance")
+    start_daemon(config)
+    replies = _wait_unique_ids(collector, "results/o1/appliance", received)
+    assert {r["id"] for r in replies} == set(range(received))
     collector.close()
