@@ -30,6 +30,7 @@ from daemon.bench_load import (
     outcome,
 )
 from daemon.config import load_config
+from daemon.config_reader import absolute_paths
 from daemon.errors import DaemonError
 
 if TYPE_CHECKING:
@@ -76,10 +77,7 @@ def parse_rate(text: str, capacity: float) -> tuple[float, float]:
 
 def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dict) -> Path:
     """A copy of `base` with absolute model paths, a private cache dir, and `overrides` per section."""
-    raw = yaml.safe_load(base.read_text())
-    for model in raw["models"].values():
-        model["path"] = str((base.parent / model["path"]).resolve())
-        model["labels"] = str((base.parent / model["labels"]).resolve())
+    raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(workdir / "cache")}
     # A clean session: a stopped consumer's persistent session would stay subscribed to the
     # shared request topic and make the broker queue every later request for it too.

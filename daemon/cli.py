@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config; exit 0 or 78")
     check.add_argument("--config", required=True, type=Path)
+    check.add_argument("--deep", action="store_true",
+                       help="also run each model once and every route's validate gate (what a reload checks)")
 
     val = sub.add_parser("validate", help="accuracy of a route's whole pipeline on labelled data")
     val.add_argument("--config", required=True, type=Path)
@@ -88,14 +90,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from daemon.signals import ForcedExit, SignalQueue
 
     signals = SignalQueue.install()  # before anything slow: a signal during start-up is queued, not fatal
-    from daemon.config import load_config
+    from daemon.config import Config, load_config
     from daemon.service import Service
 
+    def read(check_models: bool = True) -> Config:
+        config = load_config(args.config, check_models)
+        return config.with_broker(args.broker) if args.broker else config
+
     try:
-        config = load_config(args.config)
-        if args.broker:
-            config = config.with_broker(args.broker)
-        Service(config, signals).run()
+        Service(read(), signals, reread=lambda: read(check_models=False)).run()
     except ForcedExit as exc:
         logger.warning("%s", exc)
         return EXIT_INTERRUPTED
@@ -106,7 +109,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from daemon.config import load_config
 
     config = load_config(args.config)
-    print(f"{args.config}: valid ({len(config.models)} model(s), {len(config.routes)} route(s))")
+    if args.deep:
+        from daemon.errors import ConfigError
+        from daemon.evaluate import deep_check
+
+        problems = deep_check(config)
+        if problems:
+            raise ConfigError(problems)
+    print(f"{args.config}: valid ({len(config.models)} model(s), {len(config.routes)} route(s))"
+          + (", every model runs and passes its gate" if args.deep else ""))
     return EXIT_OK
 
 

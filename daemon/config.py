@@ -68,6 +68,10 @@ class RouteConfig:
     """How many (label, score) pairs a result lists."""
     publish: str
     """Reply topic template."""
+    validate_data: Optional[Path] = None
+    """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
+    min_accuracy: float = 0.0
+    """The gate: top-1 accuracy on `validate_data` at least this."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         mqtt=read_mqtt(r, r.section(root, "mqtt", (*_field_names(MqttConfig), "password_file")), base),
         runtime=runtime,
         models=MappingProxyType(_read_models(r, root, base)),
-        routes=_read_routes(r, root),
+        routes=_read_routes(r, root, base),
         cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
         workers=_read_workers(r, r.section(root, "workers", (*_field_names(WorkersConfig), "queue"))),
         batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
@@ -193,16 +197,16 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
     return out
 
 
-def _read_routes(r: Reader, root: Mapping) -> tuple[RouteConfig, ...]:
+def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...]:
     routes = r.get(root, "routes", "", list, None, required=True) or []
     if not routes and "routes" in root:
         r.error(root, "routes", "", "must list at least one route")
-    return tuple(route for i, item in enumerate(routes) if (route := _read_route(r, routes, i)) is not None)
+    return tuple(route for i, item in enumerate(routes) if (route := _read_route(r, routes, i, base)) is not None)
 
 
-def _read_route(r: Reader, routes: list, i: int) -> Optional[RouteConfig]:
+def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
     p = f"routes[{i}]"
-    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish"),
+    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -211,6 +215,10 @@ def _read_route(r: Reader, routes: list, i: int) -> Optional[RouteConfig]:
     if publish and (err := topics.template_error(publish, topics.wildcard_count(subscribe))):
         r.error(m, "publish", p, err)
     output = r.section(m, "output", ("top_k",), path=f"{p}.output")
+    gate = r.section(m, "validate", ("data", "min_accuracy"), path=f"{p}.validate")
+    data = r.get(gate, "data", f"{p}.validate", str, None, required=bool(gate))
+    if data is not None and not (base / data).is_file():
+        r.error(gate, "data", f"{p}.validate", f"{base / data}: file not found")
     return RouteConfig(
         name=r.get(m, "name", p, str, "", required=True),
         subscribe=subscribe,
@@ -219,6 +227,8 @@ def _read_route(r: Reader, routes: list, i: int) -> Optional[RouteConfig]:
         preprocess=_read_steps(r, m, p),
         top_k=r.get(output, "top_k", f"{p}.output", int, 3, minimum=1),
         publish=publish,
+        validate_data=None if data is None else base / data,
+        min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
     )
 
 

@@ -162,3 +162,16 @@ class Reader:
 
 def _as_tuple(types: Any) -> tuple:
     return types if isinstance(types, tuple) else (types,)
+
+
+def absolute_paths(raw: dict, base_dir: Path) -> dict:
+    """A raw config's model, labels and validate-data paths made absolute against `base_dir`
+    (for a copy of the config written elsewhere: the bench's and the tests')."""
+    for model in (raw.get("models") or {}).values():
+        for key in ("path", "labels"):
+            model[key] = str((base_dir / model[key]).resolve())
+    for route in raw.get("routes") or []:
+        gate = route.get("validate") or {}
+        if gate.get("data"):
+            gate["data"] = str((base_dir / gate["data"]).resolve())
+    return raw

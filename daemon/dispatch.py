@@ -54,6 +54,15 @@ class Job:
 WorkerModels = Mapping[str, Model]  # one worker's private interpreters, by model name
 
 
+@dataclass(frozen=True)
+class _Context:
+    """What one worker runs a batch with: its interpreters and the pipelines that match them
+    (model digest, labels), swapped together on a reload so a batch never mixes them."""
+
+    models: WorkerModels
+    pipes: Mapping[str, RoutePipeline]  # by route name
+
+
 @dataclass
 class _Tally:
     """What a batch's replies add to the stats, recorded under one lock at the end."""
@@ -78,8 +87,10 @@ class Dispatcher:
         self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
         self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.max,
                                    batching.max_batch, clock)
-        self._pool: WorkerPool[Job, WorkerModels] = WorkerPool(
-            workers.max, make_models, self.process, batching.max_batch, batching.max_delay_ms / 1000.0,
+        pipes_by_name = {p.route.name: p for p in self._pipes}
+        self._pool: WorkerPool[Job, _Context] = WorkerPool(
+            workers.max, lambda i: _Context(make_models(i), pipes_by_name), self.process, batching.max_batch,
+            batching.max_delay_ms / 1000.0,
             deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock)
 
     @property
@@ -98,6 +109,14 @@ class Dispatcher:
 
     def stop(self, timeout_s: float) -> bool:
         return self._pool.stop(timeout_s)
+
+    def swap(self, pipes: Sequence[RoutePipeline], make_models: Callable[[int], WorkerModels]) -> None:
+        """New models and pipelines for the same routes (a reload): built here, then each worker
+        takes its own before its next batch; a batch in flight finishes on the old ones."""
+        by_name = {p.route.name: p for p in pipes}
+        self._pool.replace_contexts(lambda i: _Context(make_models(i), by_name))
+        self._pipes = tuple(pipes)
+        self._routes = OrderedDict()  # remembered (pipe, reply topic) pairs name the old pipes
 
     def on_message(self, inbound: Inbound) -> None:
         """paho thread: route and admit, or answer at once (O(1): no parsing)."""
@@ -136,7 +155,7 @@ class Dispatcher:
                 return found
         return None
 
-    def process(self, models: WorkerModels, jobs: list[Job]) -> None:
+    def process(self, context: _Context, jobs: list[Job]) -> None:
         """Worker thread: a batch of jobs -> per route, the pure pipeline, then one reply each."""
         now = self._clock()
         groups: dict[str, list[Job]] = {}
@@ -146,11 +165,12 @@ class Dispatcher:
         self._stats.observe_stages("queue", [now - job.inbound.received_at for job in jobs])
         self._stats.observe_batch(len(jobs))
         for group in groups.values():
-            self._process_group(models[group[0].pipe.route.model], group)
+            pipe = context.pipes[group[0].pipe.route.name]  # a job queued before a reload runs on the new
+            self._process_group(context.models[pipe.route.model], pipe, group)
 
-    def _process_group(self, model: Model, group: list[Job]) -> None:
+    def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> None:
         started = self._clock()
-        outcome = self._run_pipeline(model, group)
+        outcome = self._run_pipeline(model, pipe, group)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
@@ -161,19 +181,18 @@ class Dispatcher:
         done = self._clock()
         self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
         self._stats.observe_stage("publish", done - published)
-        self.admission.observe(group[0].pipe.route.name, len(group), done - started)
+        self.admission.observe(pipe.route.name, len(group), done - started)
         if self._cache is not None and outcome.fresh:
             self._cache.put_many(outcome.fresh)  # after the replies: never on the reply path
 
-    def _run_pipeline(self, model: Model, group: list[Job]) -> Outcome:
-        pipe = group[0].pipe
+    def _run_pipeline(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> Outcome:
         requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
         try:
             return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock)
         except Exception:  # a model or cache bug: isolate the request that causes it
             if len(group) == 1:
                 return Outcome([self._internal(group[0], sys.exc_info()[1])])
-            outcomes = [self._run_pipeline(model, [job]) for job in group]
+            outcomes = [self._run_pipeline(model, pipe, [job]) for job in group]
             return Outcome([o.replies[0] for o in outcomes], [e for o in outcomes for e in o.fresh])
 
     def _internal(self, job: Job, exc: Optional[BaseException]) -> dict:

@@ -89,6 +89,25 @@ def validate(config: Config, route_name: str, data: Path | str, float_model: Opt
     return report, ok
 
 
+def deep_check(config: Config) -> list[str]:
+    """What `check-config --deep` adds to a valid config: one invoke per model, and each route's
+    `validate` gate where it names data. Problems, one line each (empty: passed)."""
+    problems = []
+    for name in config.models:
+        try:
+            open_model(config, name, max_batch=1).warm_up()
+        except Exception as exc:  # a model that loads but cannot run: anything the runtime raises
+            problems.append(f"models.{name}: invoke failed: {type(exc).__name__}: {exc}")
+    for i, route in enumerate(config.routes):
+        if route.validate_data is None or any(p.startswith(f"models.{route.model}:") for p in problems):
+            continue
+        report, ok = validate(config, route.name, route.validate_data, min_accuracy=route.min_accuracy)
+        if not ok:
+            problems.append(f"routes[{i}].validate: accuracy {report['accuracy']:.4f} on {route.validate_data} "
+                            f"is below min_accuracy {route.min_accuracy}")
+    return problems
+
+
 @dataclass(frozen=True)
 class BenchRow:
     backend: str

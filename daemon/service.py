@@ -11,7 +11,8 @@ code.
 
 Signals (daemon/signals.py) are queued by their handlers and handled here, in the main
 loop: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises `ForcedExit`
-from its handler; SIGHUP is logged and ignored until hot reload lands.
+from its handler; SIGHUP reloads (daemon/reload.py): a hot swap of changed models, or
+an ordered restart of the steps from the first one a change affects.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Callable, Optional
 
 from daemon import codecs, metrics
 from daemon.cache import ResultCache
-from daemon.config import Config, WorkersConfig, open_model, read_labels
+from daemon import reload
+from daemon.config import Config, WorkersConfig, load_config, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
-from daemon.errors import ModelError
+from daemon.errors import DaemonError, ModelError
 from daemon.mqtt import MqttLink
 from daemon.notify import Notifier
 from daemon.outbox import Outbox
@@ -78,8 +80,14 @@ class Step:
 
 
 class Service:
-    def __init__(self, config: Config, signals: Optional[SignalQueue] = None):
+    def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
+                 reread: Optional[Callable[[], Config]] = None):
+        """`reread` reads the config again for a reload (default: its source file, models unchecked)."""
         self.config = config
+        self._reread = reread or (lambda: load_config(config.source, check_models=False))
+        self._metrics_served = False
+        self._pins: dict[str, str] = {}  # model name -> sha256 a reload checked
+        self._fingerprints: dict[str, tuple[str, str]] = {}  # model name -> (model, labels) sha256 loaded
         self.stats = Stats()
         self.signals = signals or SignalQueue()
         self._stopping = False
@@ -164,15 +172,18 @@ class Service:
 
     def shutdown(self) -> None:
         while self._started:
-            step = self._started.pop()
-            if step.stop is None:
-                continue
-            logger.info("shutdown: %s", step.name)
-            try:
-                step.stop()
-            except Exception:  # keep stopping the rest
-                logger.exception("shutdown step %s failed", step.name)
+            self._stop_step(self._started.pop())
         logger.info("stopped; stats %s", codecs.encode(self.snapshot()).decode())
+
+    @staticmethod
+    def _stop_step(step: Step) -> None:
+        if step.stop is None:
+            return
+        logger.info("shutdown: %s", step.name)
+        try:
+            step.stop()
+        except Exception:  # keep stopping the rest
+            logger.exception("shutdown step %s failed", step.name)
 
     def snapshot(self) -> dict:
         """The node's stats (daemon/metrics.py): counters, cache hit rate, queue, models, latency."""
@@ -190,7 +201,8 @@ class Service:
                 "predicted_wait_ms": round(admission.predicted_wait_s() * 1000.0, 1)}
 
     def _serve_metrics(self) -> None:
-        if self.config.metrics.port is not None:
+        if self.config.metrics.port is not None and not self._metrics_served:  # once: a reload cannot rebind
+            self._metrics_served = True
             from daemon import prometheus  # optional: only a configured endpoint needs prometheus-client
 
             prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
@@ -200,20 +212,85 @@ class Service:
         """The main loop's side of the signal queue: TERM and INT stop, HUP is noted."""
         while (signum := self.signals.pop()) is not None:
             if signum == signal.SIGHUP:
-                logger.warning("SIGHUP: hot reload is not implemented yet; ignored")
+                self._reload()
                 continue
             name = "SIGINT (again to force)" if signum == signal.SIGINT else signal.Signals(signum).name
             logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
             self._stopping = True
 
-    def _load_models(self) -> None:
-        """Verify and load each model once; its digest pins the workers' copies."""
+    def _reload(self) -> None:
+        """SIGHUP: verify the re-read config in a child, then apply it; on failure keep serving."""
+        logger.info("SIGHUP: reloading %s", self.config.source)
+        self.stats.incr("reloads")
+        try:
+            new = self._reread()
+            change = reload.plan(self.config, new, self._fingerprints)
+            if not change.changed:
+                logger.info("reload: nothing to apply%s", _ignored(change))
+                return
+            problem = reload.verify(new.source)
+            if problem is not None:
+                raise DaemonError(f"the new config or a model failed its check in a child process ({problem})")
+            self._apply(new, change)
+        except Exception as exc:  # whatever fails, the running config and models keep serving
+            self.stats.incr("reload_failures")
+            logger.error("reload failed; still serving the running config and models: %s", exc)
+
+    def _apply(self, new: Config, change: "reload.Plan") -> None:
+        old, old_models, old_prints = self.config, dict(self._models), dict(self._fingerprints)
+        if change.restart_from is not None:
+            self._restart_from(change.restart_from, new, change.digests)
+        else:
+            try:
+                self.config = new
+                self._pins = dict(change.digests)
+                self._load_models(change.changed_models)
+                self._dispatcher.swap(self._pipelines(), self._worker_models)
+            except Exception:
+                self.config, self._models, self._fingerprints = old, old_models, old_prints
+                raise
+        logger.info("reload: applied (%s)%s", f"restarted from {change.restart_from}" if change.restart_from else
+                    "models swapped: " + ", ".join(sorted(change.changed_models)), _ignored(change))
+
+    def _restart_from(self, first: str, new: Config, digests: dict) -> None:
+        """Stop the started steps down to `first` (in reverse, draining), start them again with `new`;
+        if that fails, the old config is started again."""
+        names = [step.name for step in self.steps()]
+        index = names.index(first)
+        while len(self._started) > index:
+            self._stop_step(self._started.pop())
+        old, self.config = self.config, new
+        try:
+            self._start_steps(index, digests)
+        except Exception as exc:
+            logger.error("reload: starting %s with the new config failed (%s); back to the old config", first, exc)
+            while len(self._started) > index:
+                self._stop_step(self._started.pop())
+            self.config = old
+            self._start_steps(index, {})
+            raise DaemonError(f"the new config failed to start: {exc}") from exc
+
+    def _start_steps(self, index: int, digests: dict) -> None:
+        self._pins = dict(digests)
+        for step in self.steps()[index:]:
+            logger.info("reload: %s", step.name)
+            step.start()
+            self._started.append(step)
+
+    def _load_models(self, names: Optional[frozenset] = None) -> None:
+        """Verify and load each model (or those named) once; its digest pins the workers' copies.
+        On a reload, the digests read before the child's check pin the files (`_pins`)."""
+        models = dict(self._models) if names is not None else {}
         for name, mc in self.config.models.items():
-            model = open_model(self.config, name, max_batch=1)  # the workers' copies hold the batch buckets
+            if names is not None and name not in names:
+                continue
+            model = open_model(self.config, name, max_batch=1, sha256=self._pins.get(name))
             model.warm_up()
-            self._models[name] = model
+            models[name] = model
+            self._fingerprints[name] = (model.sha256, reload.file_sha256(mc.labels))
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
                         model.sha256[:12], list(model.input.shape))
+        self._models = models
 
     def _worker_models(self, index: int) -> WorkerModels:
         models = {}
@@ -270,3 +347,7 @@ class Service:
 
     def _disconnect(self) -> None:
         self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)
+
+
+def _ignored(change: "reload.Plan") -> str:
+    return "".join(f"; {name} changed: restart the daemon to apply it" for name in change.ignored)

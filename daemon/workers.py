@@ -55,14 +55,22 @@ class WorkerPool(Generic[J, C]):
         self._idle = 0
         self._busy = 0
         self._last_progress = clock()  # a batch taken or finished
+        self._next: dict[int, C] = {}  # replacement contexts, taken by each worker before its next batch
 
     def start(self) -> None:
         contexts = [self._make_context(i) for i in range(self._size)]
         for i, context in enumerate(contexts):
             # daemon=True so a forced exit (second SIGINT) is never held up by a stuck invoke.
-            thread = threading.Thread(target=self._run, args=(context,), name=f"{self._name}-{i}", daemon=True)
+            thread = threading.Thread(target=self._run, args=(i, context), name=f"{self._name}-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def replace_contexts(self, make_context: Callable[[int], C]) -> None:
+        """Build new contexts here (a failure changes nothing); each worker takes its own before
+        its next batch, so a batch in flight finishes on the old context and queued jobs run on the new."""
+        contexts = {i: make_context(i) for i in range(self._size)}
+        self._make_context = make_context
+        self._next.update(contexts)
 
     def submit(self, job: J) -> bool:
         """Queue a job without blocking; False when the pool is stopping."""
@@ -125,8 +133,9 @@ class WorkerPool(Generic[J, C]):
         deadline = self._deadline_of(job)
         return close if deadline is None else min(close, deadline)
 
-    def _run(self, context: C) -> None:
+    def _run(self, index: int, context: C) -> None:
         while (batch := self.take()) is not None:
+            context = self._next.pop(index, context)
             try:
                 self._process(context, batch)
             except Exception:  # a bug in one batch must not kill the worker

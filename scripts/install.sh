@@ -35,7 +35,7 @@ fi
 
 echo "install: config -> $ETC/config.yaml (0644: keep secrets in a password_file or LoadCredential=)" >&2
 if [ ! -e "$ETC/config.yaml" ]; then
-    sed "s#path: models/#path: /opt/edge-inferd/models/#; s#labels: models/#labels: /opt/edge-inferd/models/#" \
+    sed "s#path: models/#path: /opt/edge-inferd/models/#; s#labels: models/#labels: /opt/edge-inferd/models/#; s#data: models/#data: /opt/edge-inferd/models/#" \
         config.yaml > "$ETC/config.yaml"
     if [ -n "$ROOT" ]; then  # a staging tree: point at the staged models
         sed -i "s#/opt/edge-inferd/#$APP/#" "$ETC/config.yaml"

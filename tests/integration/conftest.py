@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.broker import Broker, end_process
+from daemon.config_reader import absolute_paths
 from daemon.mqtt import disable_nagle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,10 +113,7 @@ def client(broker):
 
 def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides) -> Path:
     """A copy of a config with absolute model paths, a private cache and overrides per section."""
-    raw = yaml.safe_load(base.read_text())
-    for model in raw["models"].values():
-        model["path"] = str((base.parent / model["path"]).resolve())
-        model["labels"] = str((base.parent / model["labels"]).resolve())
+    raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(tmp_path / "cache")}
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
@@ -141,6 +140,14 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, count: int = 1) -> bool:
+        """Until `text` has appeared `count` times in the log (or the daemon exited)."""
+        for _ in range(int(WAIT_S / 0.05)):
+            if self.log().count(text) >= count or self.proc.poll() is not None:
+                break
+            time.sleep(0.05)  # polling a log file; the limit only bounds a failing test
+        return self.log().count(text) >= count
 
 
 @pytest.fixture

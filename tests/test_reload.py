@@ -1,0 +1,76 @@
+"""Reload planning and the child-process check, on copies of the bundled config."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from daemon import reload
+from daemon.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def config(tmp_path):
+    """The example config next to copies of its models (so the test may change them)."""
+    shutil.copytree(ROOT / "models", tmp_path / "models")
+    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    return load_config(tmp_path / "config.yaml", check_models=False)
+
+
+def _loaded(config) -> dict:
+    return {name: reload.fingerprint(config, name) for name in config.models}
+
+
+def test_nothing_changed_plans_nothing(config):
+    change = reload.plan(config, config, _loaded(config))
+    assert not change.changed and change.ignored == ()
+
+
+def test_a_changed_labels_file_or_model_file_is_a_hot_swap_of_that_model(config):
+    loaded = _loaded(config)
+    config.models["activity"].labels.write_text("a\nb\nc\nd\n")
+    assert reload.plan(config, config, loaded) == reload.Plan(
+        frozenset({"activity"}), None, {n: reload.file_sha256(m.path) for n, m in config.models.items()})
+    with open(config.models["appliance"].path, "ab") as f:
+        f.write(b"\0")
+    assert reload.plan(config, config, loaded).changed_models == {"activity", "appliance"}
+
+
+@pytest.mark.parametrize("change, first", [
+    (lambda c: replace(c, routes=(replace(c.routes[0], publish="results/{1}/v2"), *c.routes[1:])), "dispatcher"),
+    (lambda c: replace(c, mqtt=replace(c.mqtt, broker="otherhost:1883")), "dispatcher"),
+    (lambda c: replace(c, workers=replace(c.workers, max=c.workers.max + 1)), "dispatcher"),
+    (lambda c: replace(c, cache=replace(c.cache, max_mb=1)), "cache"),
+    (lambda c: replace(c, xnnpack=not c.xnnpack), "models"),
+    (lambda c: replace(c, models={k: v for k, v in c.models.items() if k == "activity"}), "models"),
+])
+def test_other_changes_restart_from_the_first_step_they_affect(config, change, first):
+    assert reload.plan(config, change(config), _loaded(config)).restart_from == first
+
+
+def test_a_metrics_change_is_reported_as_needing_a_restart(config):
+    new = replace(config, metrics=replace(config.metrics, port=9999))
+    change = reload.plan(config, new, _loaded(config))
+    assert change.ignored == ("metrics",) and not change.changed
+
+
+def test_the_child_check_passes_a_good_config_and_names_the_problem_of_a_bad_model(config):
+    assert reload.verify(config.source) is None
+    model = config.models["activity"].path
+    model.write_bytes(model.read_bytes()[:1000])
+    problem = reload.verify(config.source)
+    assert problem is not None and problem.startswith("exit 78") and "models.activity.path" in problem
+
+
+def test_a_child_that_crashes_natively_is_a_failed_check_not_a_crash_here(config, tmp_path, monkeypatch):
+    crasher = tmp_path / "crash.sh"
+    crasher.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crasher.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(crasher))
+    assert reload.verify(config.source) == "killed by signal 11: "
