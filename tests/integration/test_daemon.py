@@ -186,7 +186,8 @@ def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp
     assert "label" in served
 
 
-def test_an_idle_daemon_stopped_by_sigterm_exits_0_and_leaves_a_retained_offline(tmp_path, broker, client, start_daemon):
+def test_an_idle_daemon_stopped_by_sigterm_exits_0_and_leaves_a_retained_offline(tmp_path, broker, client,
+                                                                                 start_daemon):
     daemon = start_daemon(write_config(tmp_path), wait_online=client)
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
 

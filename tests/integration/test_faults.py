@@ -23,6 +23,13 @@ def _payloads(n: int) -> list[bytes]:
     return [json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode() for i in range(n)]
 
 
+def _appliance_payloads(n: int) -> list[bytes]:
+    """Requests for the heavier model (one worker at batch 1 keeps most of a burst queued)."""
+    with np.load(ROOT / "models/appliance/test.npz") as data:
+        x = data["x"]
+    return [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode() for i in range(n)]
+
+
 def _final_stats(log: str) -> dict:
     """The JSON stats of the daemon's last log line ("stopped; stats {...}")."""
     found = re.findall(r"stopped; stats (\{.*\})", log)
@@ -52,10 +59,7 @@ def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(t
     config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1})
     daemon = start_daemon(config, wait_online=client)
     client.subscribe("results/t1/appliance")
-    with np.load(ROOT / "models/appliance/test.npz") as data:
-        x = data["x"]
-    _burst(client, "plugs/t1/power", [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode()
-                                      for i in range(1000)])
+    _burst(client, "plugs/t1/power", _appliance_payloads(1000))
     daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
     assert daemon.stop() == 0, daemon.log()
     counts = _final_stats(daemon.log())["counts"]
@@ -215,10 +219,7 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     collector.c.reconnect_delay_set(1, 1)
     first = start_daemon(config, wait_online=collector)
     collector.subscribe("results/o1/appliance")
-    with np.load(ROOT / "models/appliance/test.npz") as data:
-        x = data["x"]
-    _burst(collector, "plugs/o1/power", [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode()
-                                         for i in range(300)])
+    _burst(collector, "plugs/o1/power", _appliance_payloads(300))
     collector.wait_count("results/o1/appliance", 5)  # serving; most of the burst is still queued
     broker.stop()
     assert first.stop() == 0, first.log()  # drains with no broker: the replies go to the outbox
