@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sqlite3
 import threading
 import time
 from contextlib import AbstractContextManager
@@ -299,9 +300,12 @@ class MqttLink:
         the broker is away the reply goes to the outbox, and the request stays unacked: the
         broker redelivers it on reconnect (a duplicate reply, cheap through the cache)."""
         if self.outbox is not None and not self.connected.is_set():
-            self.outbox.put_many([(topic, payload, inbound.correlation_data)])
-            self._flusher.wake()
-            return
+            try:
+                self.outbox.put_many([(topic, payload, inbound.correlation_data)])
+                self._flusher.wake()
+                return
+            except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: paho's memory holds it instead
+                self._log.warning("outbox", "outbox %s: %s; the reply waits in memory", self.outbox.path, exc)
         self._publish(topic, payload, False, inbound.correlation_data, inbound)
 
     def _flush(self, row: Row) -> None:
@@ -373,7 +377,11 @@ class MqttLink:
         self._client.disconnect()
         self._client.loop_stop()
         if self.outbox is not None:
-            self._spill()
+            try:
+                self._spill()
+            except (OSError, sqlite3.Error) as exc:
+                logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
+                             "redelivered by the broker", self.outbox.path, exc)
             self.outbox.close()
 
     def _spill(self) -> None:

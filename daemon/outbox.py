@@ -24,10 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from daemon.stats import ThrottledLog
+
 logger = logging.getLogger(__name__)
 
 # Replies handed to paho at once while flushing (each waits for its PUBACK).
 FLUSH_WINDOW = 64
+# After a failed read of the stored rows, the flusher tries again this much later.
+RETRY_S = 5.0
 # Bytes a row costs besides its topic and payload (SQLite page and index overhead).
 ROW_OVERHEAD_BYTES = 64
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS replies (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
@@ -58,26 +62,28 @@ class Outbox:
             f"SELECT COUNT(*), COALESCE(SUM(LENGTH(topic) + LENGTH(payload) + {ROW_OVERHEAD_BYTES}), 0) "
             "FROM replies").fetchone()
         self.stored = self.dropped = self.flushed = 0
+        self._log = ThrottledLog(logger)
         if self._rows:
             logger.info("outbox %s holds %d repl%s from an earlier run; they go out once connected",
                         self.path, self._rows, "y" if self._rows == 1 else "ies")
 
     def put_many(self, replies: list[tuple[str, bytes, Optional[bytes]]]) -> int:
-        """Store replies (topic, payload, correlation data) in order; returns how many fitted."""
+        """Store replies (topic, payload, correlation data) in order; returns how many fitted.
+        Raises OSError or sqlite3.Error when the disk refuses (nothing is counted then)."""
         with self._lock:
-            kept = []
+            kept, room = [], self._max_bytes - self._bytes
             for topic, payload, correlation in replies:
                 size = _size(topic, payload)
-                if self._bytes + size > self._max_bytes:
-                    self.dropped += 1
-                    continue
-                self._bytes += size
-                kept.append((topic, payload, correlation))
+                if size <= room:
+                    room -= size
+                    kept.append((topic, payload, correlation))
             if kept:
                 with self._db:
                     self._db.executemany("INSERT INTO replies (topic, payload, correlation) VALUES (?, ?, ?)", kept)
-                self._rows += len(kept)
-                self.stored += len(kept)
+            self.dropped += len(replies) - len(kept)
+            self._bytes = self._max_bytes - room
+            self._rows += len(kept)
+            self.stored += len(kept)
             return len(kept)
 
     def oldest(self, limit: int, after: int = 0) -> list[Row]:
@@ -87,8 +93,14 @@ class Outbox:
         return [Row(i, t, bytes(p), None if c is None else bytes(c)) for i, t, p, c in found]
 
     def remove(self, row: Row) -> None:
+        """The broker has this row; a failed delete only means it may be sent again next run."""
         with self._lock:
-            if self._db.execute("DELETE FROM replies WHERE id = ?", (row.id,)).rowcount:
+            try:
+                deleted = self._db.execute("DELETE FROM replies WHERE id = ?", (row.id,)).rowcount
+            except sqlite3.Error as exc:
+                self._log.warning("remove", "outbox %s: cannot delete a sent reply (%s)", self.path, exc)
+                return
+            if deleted:
                 self._rows -= 1
                 self._bytes -= _size(row.topic, row.payload)
                 self.flushed += 1
@@ -145,10 +157,21 @@ class OutboxFlusher:
 
     def _run(self) -> None:
         while True:
+            try:
+                if not self._hand_some():
+                    return
+            except (OSError, sqlite3.Error) as exc:  # keep the thread; the rows stay on disk
+                logger.warning("outbox: cannot read stored replies: %s", exc)
+                with self._cond:
+                    self._cond.wait(RETRY_S)
+
+    def _hand_some(self) -> bool:
+        """Hand the next rows to paho; False once stopping."""
+        while True:
             with self._cond:
                 self._cond.wait_for(self._should_hand, timeout=1.0)
                 if self._stopping:
-                    return
+                    return False
                 if not self._should_hand():
                     continue
                 room = FLUSH_WINDOW - len(self._handed)
