@@ -171,8 +171,12 @@ def _scan_json_id(payload: bytes) -> Any:
 
 
 def encode(reply: dict) -> bytes:
-    """Compact JSON for results and errors (orjson: ~15x json.dumps)."""
-    return orjson.dumps(reply)
+    """Compact JSON for results and errors (orjson: ~15x json.dumps).
+
+    Copied into an exact-size object: orjson 3.13 returns a ~200-byte reply inside a ~4 KB
+    allocation, and a reply lives until the broker acknowledges it (paho's queue, the outbox),
+    so thousands in flight held 4 KB each (+393 MB of RSS per 100,000; copied: +24 MB)."""
+    return bytes(memoryview(orjson.dumps(reply)))
 
 
 def error_reply(request_id: Any, route: Optional[str], code: str, message: str) -> dict:

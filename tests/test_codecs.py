@@ -151,3 +151,19 @@ def test_image_rgb_and_gray_decode_to_the_route_shape():
 def test_bad_images():
     assert _code(_png(np.zeros((5, 6, 3), np.uint8)), InputConfig(format="image", shape=(4, 6, 3))) == "bad_shape"
     assert _code(b"\x89PNG not really", InputConfig(format="image", shape=(4, 6))) == "bad_payload"
+
+
+def test_an_encoded_reply_holds_no_more_memory_than_its_bytes():
+    import tracemalloc
+
+    from daemon.codecs import encode
+
+    reply = {"id": 1, "route": "activity", "label": "walking", "score": 0.98, "cached": False}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [encode(reply) for _ in range(100)]
+        per_reply = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert per_reply < 4 * len(kept[0]) + 200  # orjson's own object holds ~4 KB
