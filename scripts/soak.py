@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -249,10 +250,12 @@ class Soak:
 
     def close(self) -> dict:
         """Stop everything; the daemon's own final stats."""
-        for pub in self.pubs:
-            pub.close()
-        code = self.daemon.stop()
-        self.collector.close()
+        try:
+            for pub in self.pubs:
+                pub.close()
+        finally:  # a signal while the publishers drain must not leave the daemon running
+            code = self.daemon.stop()
+            self.collector.close()
         found = re.findall(r"stopped; stats (\{.*\})", self.daemon.log.read_text(errors="replace"))
         return {"exit_code": code, "stats": json.loads(found[-1]) if found else None}
 
@@ -325,12 +328,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="open-loop duration (default 10)")
     parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity (default 0.8)")
-    parser.add_argument("--capacity-requests", type=int, default=3000, help="size of the closed drain")
+    parser.add_argument("--capacity-requests", type=int, default=10_000, help="size of the closed drain")
     parser.add_argument("--repeat-share", type=float, default=0.1, help="requests that repeat the previous data")
     parser.add_argument("--out", type=Path, help="write the report (with every /proc sample) as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (daemon and broker logs)")
     args = parser.parse_args()
     require_clients()
+    # SIGTERM (and SIGINT, which a shell leaves ignored in background jobs) end the run
+    # through the `finally` blocks, so the broker, the daemon and the clients are stopped.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(130))
     workdir = Path(tempfile.mkdtemp(prefix="edge-inferd-soak-"))
     try:
         report = run(args, workdir)
