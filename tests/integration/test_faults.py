@@ -165,15 +165,21 @@ def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
     assert "SIGHUP: reloading" in daemon.log() and "reload: nothing to apply" in daemon.log()
 
 
+def _persistent_clients(tmp_path, broker, start_daemon, reply_topic: str, suffix: str) -> tuple[Client, Client]:
+    """The daemon (cache off) with a persistent collector on `reply_topic` and a persistent publisher,
+    both reconnecting every second: their sessions ride out a broker restart."""
+    collector = Client(broker, client_id=f"collector{suffix}", persistent=True)
+    collector.c.reconnect_delay_set(1, 1)
+    start_daemon(write_config(tmp_path, cache={"enabled": False}), wait_online=collector)
+    collector.subscribe(reply_topic)
+    publisher = Client(broker, client_id=f"publisher{suffix}", persistent=True)
+    publisher.c.reconnect_delay_set(1, 1)
+    return collector, publisher
+
+
 def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_daemon):
     """A persistent publisher and collector (their own sessions) and the daemon ride out a broker restart."""
-    config = write_config(tmp_path, cache={"enabled": False})
-    collector = Client(broker, client_id="collector", persistent=True)
-    collector.c.reconnect_delay_set(1, 1)
-    start_daemon(config, wait_online=collector)
-    collector.subscribe("results/b1/activity")
-    publisher = Client(broker, client_id="publisher", persistent=True)
-    publisher.c.reconnect_delay_set(1, 1)
+    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/b1/activity", "")
     n = 400
     payloads = _payloads(n)
     _burst(publisher, "sensors/b1/imu", payloads[:200])
@@ -194,13 +200,7 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
 def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, broker, start_daemon):
     """SIGKILL, 3 s down, restarted on the same port and persistence. Paced at 200/s the broker
     holds no backlog at the kill; a burst still queued in it loses its unsaved part (reliability.md)."""
-    config = write_config(tmp_path, cache={"enabled": False})
-    collector = Client(broker, client_id="collector3", persistent=True)
-    collector.c.reconnect_delay_set(1, 1)
-    start_daemon(config, wait_online=collector)
-    collector.subscribe("results/k3/activity")
-    publisher = Client(broker, client_id="publisher3", persistent=True)
-    publisher.c.reconnect_delay_set(1, 1)
+    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/k3/activity", "3")
     n, rate = 1800, 200.0  # 3 s before the kill, 3 s down, 3 s after
     killer = threading.Timer(3.0, lambda: (broker.kill(), time.sleep(3.0), broker.start()))
     killer.start()
