@@ -297,6 +297,8 @@ def print_summary(report: dict) -> None:
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     seconds = args.minutes * 60.0
     warmup_s = min(WARMUP_MAX_S, WARMUP_SHARE * seconds)
+    if args.warmup_minutes is not None:
+        warmup_s = args.warmup_minutes * 60.0
     with Broker(workdir / "broker") as broker:
         soak = Soak(broker.address, workdir, Requests(args.repeat_share))
         try:
@@ -330,6 +332,8 @@ def main() -> int:
     parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity (default 0.8)")
     parser.add_argument("--capacity-requests", type=int, default=10_000, help="size of the closed drain")
     parser.add_argument("--repeat-share", type=float, default=0.1, help="requests that repeat the previous data")
+    parser.add_argument("--warmup-minutes", type=float, help="samples before this are not judged "
+                        "(default: 1 minute, or 10%% of a shorter run)")
     parser.add_argument("--out", type=Path, help="write the report (with every /proc sample) as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (daemon and broker logs)")
     args = parser.parse_args()
