@@ -131,7 +131,8 @@ def _open_dir(directory: Path, max_mb: int) -> diskcache.Cache:
     directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
     _keep_private(directory)
     cache = diskcache.Cache(str(directory), disk=SafeJSONDisk, timeout=_SQLITE_TIMEOUT_S,
-                            size_limit=max_mb * _MIB, eviction_policy="least-recently-stored")
+                            size_limit=max_mb * _MIB, eviction_policy="least-recently-stored",
+                            sqlite_mmap_size=0)  # reads by pread: no file-backed RSS growing to 64 MB (soak)
     # Touch the tables: a corrupt file often opens fine and fails on first use.
     cache.get(_PROBE_KEY)
     return cache

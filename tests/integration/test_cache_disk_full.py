@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from tests.integration.conftest import ROOT, Client, write_config
-from tests.integration.test_faults import _wait_for_log
 
 TMPFS_SIZE = "2m"
 _CHUNK = b"\0" * 65536
@@ -88,12 +87,12 @@ def test_a_full_cache_disk_costs_no_reply_and_each_episode_is_logged_once(tmp_pa
     client.subscribe("results/d2/activity")
     filler = fill(small_fs)
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(300, seed=2))
-    _wait_for_log(second, "cache write failed")
+    second.wait_for_log("cache write failed")
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=3))
     # (c) space freed: the next writes work, and say so once.
     filler.unlink()
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=4))
-    _wait_for_log(second, "cache write works again")
+    second.wait_for_log("cache write works again")
     client.close()
     assert second.stop() == 0
     log = second.log()
