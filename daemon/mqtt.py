@@ -31,6 +31,8 @@ that shape this module:
   (outbox.py), not into paho's memory; paho resends only what it was handed before the
   connection dropped, and `stop()` moves what it still holds unconfirmed (`drop_out_messages`)
   to the outbox. The flusher hands stored rows to paho once connected, each only once.
+- paho's own window of QoS 1 publishes in flight (20 by default) is raised to the
+  request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip.
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped.
@@ -64,6 +66,8 @@ STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+# Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
+REPLY_WINDOW = 1024
 # A broker that stays unreachable is reported at most this often (with how many attempts failed).
 CONNECT_FAIL_LOG_INTERVAL_S = 10.0
 
@@ -166,6 +170,11 @@ class MqttLink:
             # paho's defaults: CERT_REQUIRED and hostname verification (tls_insecure stays False).
             self._client.tls_set(ca_certs=_path(tls.ca_file), certfile=_path(tls.cert_file),
                                  keyfile=_path(tls.key_file))
+        # paho keeps 20 QoS 1 publishes in flight by default and queues the rest in memory: with
+        # requests acked only after their reply's PUBACK, 20 replies per broker round trip capped
+        # the daemon below its drain rate under sustained load (soak at 0.8x: 71,723 of 213,979
+        # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
+        self._client.max_inflight_messages_set(receive_maximum or REPLY_WINDOW)
         self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
         self._client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
         self._client.on_connect = self._on_connect
