@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from daemon import codecs, metrics
+from daemon import codecs, metrics, reload
 from daemon.cache import ResultCache
-from daemon import reload
 from daemon.config import Config, WorkersConfig, load_config, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import DaemonError, ModelError
@@ -209,7 +208,7 @@ class Service:
                              lambda: self._queue_state() or {})
 
     def _handle_signals(self) -> None:
-        """The main loop's side of the signal queue: TERM and INT stop, HUP is noted."""
+        """The main loop's side of the signal queue: TERM and INT stop, HUP reloads."""
         while (signum := self.signals.pop()) is not None:
             if signum == signal.SIGHUP:
                 self._reload()
