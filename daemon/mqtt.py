@@ -56,6 +56,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config import MqttConfig
+from daemon.link_health import LinkHealth
 from daemon.outbox import Outbox, OutboxFlusher, Row
 from daemon.paho_client import Client
 from daemon.stats import ThrottledLog
@@ -68,8 +69,6 @@ _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
 REPLY_WINDOW = 1024
-# A broker that stays unreachable is reported at most this often (with how many attempts failed).
-CONNECT_FAIL_LOG_INTERVAL_S = 10.0
 
 
 def disable_nagle(sock: object) -> None:
@@ -183,7 +182,9 @@ class MqttLink:
         self._client.on_message = self._on_message
         self._client.on_publish = self._on_publish
         self._client.on_connect_fail = self._on_connect_fail
-        self._log = ThrottledLog(logger, CONNECT_FAIL_LOG_INTERVAL_S)
+        self._log = ThrottledLog(logger)
+        self._health = LinkHealth(config.broker, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
+        self._stopping = False
         self._safe = _AckWhenSafe(self._published)
         self.outbox = outbox
         self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
@@ -244,9 +245,10 @@ class MqttLink:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            logger.error("broker %s refused the connection: %s", self._config.broker, reason_code)
+            self._health.refused(reason_code.value, reason_code)
             return
         logger.info("connected to %s", self._config.broker)
+        self._health.connected()
         disable_nagle(client.socket())
         self.connected.set()
         if self._flusher is not None:
@@ -255,15 +257,13 @@ class MqttLink:
             self._subscribe()
 
     def _on_connect_fail(self, client, userdata) -> None:
-        error = getattr(client, "last_connect_error", None)
-        self._log.warning("connect", "cannot connect to %s: %s; retrying every %d-%d s", self._config.broker,
-                          error or "unknown error", self._config.reconnect_min_s, self._config.reconnect_max_s)
+        self._health.connect_failed(getattr(client, "last_connect_error", None), self._config.host, self._config.port)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was_connected = self.connected.is_set()
         self.connected.clear()
-        if was_connected and reason_code != 0:
-            logger.warning("disconnected from %s (%s); reconnecting", self._config.broker, reason_code)
+        if was_connected and reason_code != 0 and not self._stopping:
+            self._health.dropped(getattr(reason_code, "value", reason_code), reason_code)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         refused = 0
@@ -375,6 +375,7 @@ class MqttLink:
     def stop(self, timeout_s: float) -> None:
         """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
         the broker has not confirmed in the outbox, for the next run."""
+        self._stopping = True
         if self._flusher is not None:
             self._flusher.stop()
         if self.connected.is_set():

@@ -284,3 +284,16 @@ def test_status_command_prints_the_node_as_a_table(tmp_path, broker, client, sta
     missing = subprocess.run([sys.executable, "-m", "daemon", "status", "--broker", broker.address,
                               "--client-id", "nobody"], capture_output=True, text=True, cwd=ROOT, timeout=WAIT_S)
     assert missing.returncode == 1 and "no edge-inferd node nobody" in missing.stderr
+
+
+def test_two_daemons_with_one_client_id_are_told_so(tmp_path, broker, start_daemon):
+    """mosquitto drops the older of two clients with one id (no reason given): each daemon's
+    connections keep dropping right after connecting, and the log says why."""
+    config = write_config(tmp_path, cache={"enabled": False})
+    first, second = start_daemon(config), start_daemon(config)
+    clash = "another client is probably using client_id 'edge-inferd'"
+    for _ in range(int(WAIT_S / 0.1)):
+        if clash in first.log() or clash in second.log():
+            break
+        time.sleep(0.1)  # polling two log files; the limit only bounds a failing test
+    assert clash in first.log() or clash in second.log(), first.log()[-2000:] + second.log()[-2000:]
