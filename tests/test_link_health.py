@@ -42,7 +42,8 @@ def test_failed_connects_say_when_the_next_try_is_and_are_throttled(caplog):
             clock.now += health.next_retry_s()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    assert lines[0].startswith("cannot connect to broker.lan:1883: refused") and "next try in 1 s (attempt 1)" in lines[0]
+    assert lines[0].startswith("cannot connect to broker.lan:1883: refused")
+    assert "next try in 1 s (attempt 1)" in lines[0]
     assert "next try in 8 s (attempt 5)" in lines[1] and "(3 similar suppressed)" in lines[1]
     health.connected()
     assert health.next_retry_s() == 1
