@@ -258,7 +258,9 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
             break
         time.sleep(0.1)
     collector.subscribe("results/o1/appliance")
-    start_daemon(config)
+    second = start_daemon(config)
     replies = _wait_unique_ids(collector, "results/o1/appliance", received)
-    assert {r["id"] for r in replies} == set(range(received))
+    missing = set(range(received)) - {r["id"] for r in replies}
+    assert not missing, (sorted(missing)[:10], first.log()[-1500:], second.log()[-3000:],
+                         (broker.workdir / "mosquitto.log").read_text()[-1500:])
     collector.close()
