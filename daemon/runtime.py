@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from daemon.errors import DaemonError, ModelError
+from daemon.native_stderr import quiet_native_info
 
 logger = logging.getLogger(__name__)
 
@@ -188,8 +189,9 @@ class Model:
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
         try:
-            interp = self._new_interpreter()
-            interp.allocate_tensors()
+            with quiet_native_info():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
+                interp = self._new_interpreter()
+                interp.allocate_tensors()
             inputs = interp.get_input_details()
             outputs = interp.get_output_details()
         except (ValueError, RuntimeError) as exc:
@@ -280,9 +282,10 @@ class Model:
     def _interpreter(self, size: int) -> Any:
         interp = self._interps.get(size)
         if interp is None:
-            interp = self._new_interpreter()
-            interp.resize_tensor_input(self.input.index, [size, *self.sample_shape])
-            interp.allocate_tensors()
+            with quiet_native_info():
+                interp = self._new_interpreter()
+                interp.resize_tensor_input(self.input.index, [size, *self.sample_shape])
+                interp.allocate_tensors()
             self._interps[size] = interp
         return interp
 
