@@ -2,8 +2,9 @@
 
 For every route whose model has a `test.npz` beside it, each held-out sample is sent
 as a real client would (JSON, or raw bytes for raw routes), with an MQTT v5
-CorrelationData so raw requests can be matched too. Each result is printed, then a
-summary per route: accuracy, answered/sent and client-side p50/p99 round trip.
+CorrelationData so raw requests can be matched too, WINDOW requests outstanding. The first
+replies of each route are printed (-v: all), then a summary per route: accuracy,
+answered/sent, the daemon's own latency and the client-side p50/p99 round trip.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _STOP_TIMEOUT_S = 20.0
 # Flow control must not rest on the broker alone: mosquitto 2.0.11 overshoots a
 # v5 client's ReceiveMaximum (eclipse-mosquitto#2301).
 WINDOW = 16
+# Replies printed per route unless -v.
+FIRST_ANSWERS = 5
 
 
 @dataclass
@@ -138,32 +141,48 @@ def _route_runs(config: Config, limit: int) -> dict[str, RouteRun]:
     return runs
 
 
-def _print_answer(run: RouteRun, index: int) -> None:
+def answer_line(run: RouteRun, index: int) -> str:
     reply = run.answers[index]
     expected = run.labels[int(run.y[index])]
     if "error" in reply:
-        print(f"{run.route.name:<13} #{index:<3} ERROR {reply['error']['code']}: {reply['error']['message']}")
-        return
-    mark = "ok  " if reply["label"] == expected else "MISS"
-    print(f"{run.route.name:<13} #{index:<3} {mark} {reply['label']:<13} score {reply['score']:.3f}  "
-          f"expected {expected:<13} daemon {reply['latency_ms']:6.2f} ms  cached={str(reply['cached']).lower()}")
+        return f"{run.route.name:<13} #{index:<3} ERROR {reply['error']['code']}: {reply['error']['message']}"
+    mark = "ok   " if reply["label"] == expected else "wrong"  # not "miss": it sits next to cached=
+    return (f"{run.route.name:<13} #{index:<3} {mark} {reply['label']:<13} score {reply['score']:.3f}  "
+            f"expected {expected:<13} daemon {reply['latency_ms']:6.2f} ms  cached={str(reply['cached']).lower()}")
 
 
-def summarize(runs: dict[str, RouteRun]) -> bool:
-    print("\nsummary")
-    all_answered = True
+def answer_lines(run: RouteRun, verbose: bool = False) -> list[str]:
+    """The first FIRST_ANSWERS replies of a route (every one when verbose), then how many were left out."""
+    indices = sorted(run.answers)
+    shown = indices if verbose else indices[:FIRST_ANSWERS]
+    lines = [answer_line(run, i) for i in shown]
+    if len(indices) > len(shown):
+        lines.append(f"{run.route.name:<13} ... {len(indices) - len(shown)} more (-v prints every reply)")
+    return lines
+
+
+def summary_lines(runs: dict[str, RouteRun]) -> list[str]:
+    lines = [f"summary: round trip = client send to reply with {WINDOW} requests outstanding (queueing included); "
+             "daemon = the replies' own latency_ms"]
     for run in runs.values():
         sent, got = len(run.sent_at), len(run.answers)
         correct = sum(1 for i, r in run.answers.items() if r.get("label") == run.labels[int(run.y[i])])
         errors = sum(1 for r in run.answers.values() if "error" in r)
         rtt = np.array(list(run.rtt_ms.values()) or [0.0])
-        print(f"  {run.route.name:<13} accuracy {correct / max(sent, 1):.3f}  answered {got}/{sent} ({errors} errors)  "
-              f"round trip p50 {np.percentile(rtt, 50):.1f} ms  p99 {np.percentile(rtt, 99):.1f} ms")
-        all_answered &= got == sent and errors == 0
-    return all_answered
+        own = np.array([r["latency_ms"] for r in run.answers.values() if "latency_ms" in r] or [0.0])
+        lines.append(f"  {run.route.name:<13} accuracy {correct / max(sent, 1):.3f}  answered {got}/{sent} "
+                     f"({errors} errors)  daemon p50 {np.percentile(own, 50):.1f} ms  "
+                     f"round trip p50 {np.percentile(rtt, 50):.1f} ms  p99 {np.percentile(rtt, 99):.1f} ms")
+    return lines
 
 
-def run_demo(config_path: Path, limit: int = 0, quiet: bool = False) -> bool:
+def summarize(runs: dict[str, RouteRun]) -> bool:
+    print("\n" + "\n".join(summary_lines(runs)))
+    return all(len(r.answers) == len(r.sent_at) and not any("error" in a for a in r.answers.values())
+               for r in runs.values())
+
+
+def run_demo(config_path: Path, limit: int = 0, quiet: bool = False, verbose: bool = False) -> bool:
     config = load_config(config_path)
     runs = _route_runs(config, limit)
     with Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-demo-") as tmp:
@@ -175,7 +194,7 @@ def run_demo(config_path: Path, limit: int = 0, quiet: bool = False) -> bool:
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:
-            replayed = _replay(client, daemon, runs, quiet)
+            replayed = _replay(client, daemon, runs, None if quiet else verbose)
             return _stop(client, daemon) and replayed
         finally:
             client.close()
@@ -185,7 +204,8 @@ def run_demo(config_path: Path, limit: int = 0, quiet: bool = False) -> bool:
             print(f"daemon log: {(Path(tmp) / 'daemon.log').read_text()[-2000:]}" if daemon.returncode else "", end="")
 
 
-def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], quiet: bool) -> bool:
+def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool]) -> bool:
+    """Send every sample, WINDOW at a time; print the replies (none when `verbose` is None) and the summary."""
     if not client.wait_for(lambda: client.status == STATUS_ONLINE or daemon.poll() is not None, _READY_TIMEOUT_S):
         print("daemon did not come online")
         return False
@@ -198,10 +218,9 @@ def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun
             client.send(run, i)
     done = lambda: all(len(r.answers) == len(r.sent_at) for r in runs.values())  # noqa: E731
     client.wait_for(done, _ANSWER_TIMEOUT_S)
-    if not quiet:
+    if verbose is not None:
         for run in runs.values():
-            for i in sorted(run.answers):
-                _print_answer(run, i)
+            print("\n".join(answer_lines(run, verbose)))
     return summarize(runs)
 
 
