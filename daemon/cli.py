@@ -1,4 +1,4 @@
-"""`edge-inferd` subcommands. The only module that exits, and where logging is set up.
+"""`edge-inferd` subcommands (their options: cli_parser.py). The only module that exits, and where logging is set up.
 
 Exit codes: 0 ok; 1 a gate failed or an unexpected error; 78 (EX_CONFIG) an invalid
 config or model; 130 a forced stop (second SIGINT).
@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from daemon import __version__
+from daemon import cli_parser
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -23,67 +23,45 @@ EXIT_INTERRUPTED = 130
 logger = logging.getLogger("edge-inferd")
 
 
-def _setup_logging(verbose: bool) -> None:
-    # No timestamps of our own: journald stamps every line.
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+# Log lines carry their own timestamps except in the journal, which stamps every line itself.
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+_STAMP_FORMAT = "%(asctime)s.%(msecs)03d "
+_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+_STDERR_FD = 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-inferd", description="MQTT inference daemon for INT8 TFLite models.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("--config", required=True, type=Path)
-    run.add_argument("--broker", help="HOST:PORT, overrides mqtt.broker")
-
-    check = sub.add_parser("check-config", help="validate a config; exit 0 or 78")
-    check.add_argument("--config", required=True, type=Path)
-    check.add_argument("--deep", action="store_true",
-                       help="also run each model once and every route's validate gate (what a reload checks)")
-
-    val = sub.add_parser("validate", help="accuracy of a route's whole pipeline on labelled data")
-    val.add_argument("--config", required=True, type=Path)
-    val.add_argument("--route", required=True)
-    val.add_argument("--data", required=True, type=Path, help=".npz with x (N, *input.shape) and y (N,)")
-    val.add_argument("--float", dest="float_model", type=Path, help="float reference .tflite")
-    val.add_argument("--max-drop", type=float, default=0.01, help="max accuracy drop vs --float (default 0.01)")
-    val.add_argument("--min-accuracy", type=float, default=0.0, help="fail below this accuracy (default 0)")
-
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    bm = bench_sub.add_parser("model", help="per-invoke latency per backend, threads and batch")
-    bm.add_argument("--config", required=True, type=Path)
-    bm.add_argument("--route", required=True)
-    bm.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
-    bm.add_argument("--threads", type=int, nargs="+", help="interpreter threads (default 1..cores)")
-    bm.add_argument("--iterations", type=int, default=200)
-    bm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    _add_bench_e2e(bench_sub)
-
-    status = sub.add_parser("status", help="a node's retained status and stats, as a table")
-    status.add_argument("--broker", default="localhost:1883", help="HOST:PORT of the broker (default localhost:1883)")
-    status.add_argument("--client-id", help="the node's mqtt.client_id (default: every node on the broker)")
-
-    demo = sub.add_parser("demo", help="private broker + daemon + replay of the bundled test data")
-    demo.add_argument("--config", type=Path, default=Path("config.yaml"))
-    demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
-    demo.add_argument("--quiet", action="store_true", help="print only the summary")
-    return parser
+def stderr_is_journal(environ: Mapping[str, str] = os.environ, fd: int = _STDERR_FD) -> bool:
+    """True when stderr is systemd's journal stream: $JOURNAL_STREAM is its `device:inode`
+    (systemd.exec(5)), and a redirected stderr no longer matches it."""
+    try:
+        device, inode = (int(part) for part in environ.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(fd)
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (device, inode)
 
 
-def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
-    be = bench_sub.add_parser("e2e", help="echo floor, naive script and the daemon over one private mosquitto")
-    be.add_argument("--config", type=Path, default=Path("config.yaml"), help="base config (default config.yaml)")
-    be.add_argument("--requests", type=int, help="requests per burst (default 5000)")
-    be.add_argument("--duration", type=float, help="seconds per open-loop rate (default 5; 2x for 2x capacity)")
-    be.add_argument("--rates", nargs="+", help='open-loop rates: "1000" req/s or "0.5x" the daemon\'s drain rate')
-    be.add_argument("--quick", action="store_true", help="small counts for a smoke run")
-    be.add_argument("--only", action="append", choices=("drain", "openloop", "cache", "batching"),
-                    help="run only this phase (repeatable; openloop also runs drain, which sets its rates)")
-    be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
+def log_format() -> str:
+    return _LOG_FORMAT if stderr_is_journal() else _STAMP_FORMAT + _LOG_FORMAT
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """--log-level when given, else debug with -v, else info."""
+    return args.log_level or ("debug" if args.verbose else "info")
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=log_level(args).upper(), stream=sys.stderr, format=log_format(), datefmt=_DATE_FORMAT)
+
+
+def _missing_default_config(args: argparse.Namespace) -> Optional[str]:
+    """The error when `--config` was not given and the default file does not exist, else None."""
+    source = cli_parser.resolve_config(args)
+    if not source or args.config.exists():
+        return None
+    env = f"${cli_parser.CONFIG_ENV}"
+    return (f"error: no config file at {args.config} ({source}); choose one with --config PATH or "
+            f"{'a different ' + env if env in source else env} (config.yaml in the source tree is an example)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -178,7 +156,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from daemon.demo import run_demo
 
-    return EXIT_OK if run_demo(args.config, limit=args.limit, quiet=args.quiet) else EXIT_FAIL
+    return EXIT_OK if run_demo(args.config, limit=args.limit, quiet=args.quiet, verbose=args.verbose) else EXIT_FAIL
 
 
 _COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_validate, "bench": _cmd_bench,
@@ -188,8 +166,12 @@ _COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_valid
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from daemon.errors import ConfigError, DaemonError, ModelError
 
-    args = _parser().parse_args(argv)
-    _setup_logging(args.verbose)
+    args = cli_parser.build().parse_args(argv)
+    _setup_logging(args)
+    missing = _missing_default_config(args)
+    if missing:
+        print(missing, file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     try:
         code = _COMMANDS[args.command](args)
     except ConfigError as exc:

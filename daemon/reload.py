@@ -93,7 +93,6 @@ def verify(path: Path, timeout_s: float = VERIFY_TIMEOUT_S) -> Optional[str]:
         return f"the model check did not finish within {timeout_s:.0f} s"
     if done.returncode == 0:
         return None
-    lines = [line for line in (done.stderr + done.stdout).splitlines()
-             if line.strip() and "XNNPACK delegate" not in line]
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     cause = f"exit {done.returncode}" if done.returncode >= 0 else f"killed by signal {-done.returncode}"
     return f"{cause}: " + " | ".join(lines[-VERIFY_TAIL_LINES:])

@@ -1,0 +1,167 @@
+"""The `edge-inferd` command line: every subcommand, option and help text (cli.py runs them).
+
+`-v`/`--verbose` and `--log-level` are accepted before or after the subcommand: each
+subparser gets its own copies with `default=argparse.SUPPRESS`, so a subcommand that was
+not given them leaves the main parser's value alone.
+
+`--config` of the service commands (run, check-config, validate) defaults to
+`$EDGE_INFERD_CONFIG`, else /etc/edge-inferd/config.yaml, where install.sh puts it. The dev
+tools (demo, bench) read config.yaml in the current directory, the checkout's example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from daemon import __version__
+
+DEFAULT_CONFIG = Path("/etc/edge-inferd/config.yaml")
+CONFIG_ENV = "EDGE_INFERD_CONFIG"
+DEV_CONFIG = Path("config.yaml")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter  # keeps the examples' line breaks
+
+
+def build() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-inferd", formatter_class=_FORMATTER,
+        description="MQTT inference daemon for INT8 TFLite models.",
+        epilog="Run `edge-inferd COMMAND -h` for a command's options and an example.\n"
+               "Exit codes: 0 ok; 1 failed (a gate, the broker); 78 an invalid config or model\n"
+               "(systemd does not restart on it); 130 a forced stop (a second Ctrl-C).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _add_logging_options(parser, main=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    _add_run(sub)
+    _add_check(sub)
+    _add_validate(sub)
+    _add_bench(sub)
+    _add_status(sub)
+    _add_demo(sub)
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> str:
+    """Fill in the default `--config` of a service command; says where it came from ('' when given)."""
+    if getattr(args, "config", DEV_CONFIG) is not None:
+        return ""
+    from_env = os.environ.get(CONFIG_ENV)
+    args.config = Path(from_env) if from_env else DEFAULT_CONFIG
+    return f"from ${CONFIG_ENV}" if from_env else "the default"
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, main: bool = False) -> None:
+    """The main parser holds the defaults; a subparser's copies are SUPPRESSed (see the docstring)."""
+    group = parser.add_argument_group("logging (before or after the command)")
+    group.add_argument("-v", "--verbose", action="store_true", default=False if main else argparse.SUPPRESS,
+                       help="debug logging, the same as --log-level debug")
+    group.add_argument("--log-level", choices=LOG_LEVELS, default=None if main else argparse.SUPPRESS,
+                       help="log this level and above on stderr (default info; wins over -v)")
+
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=summary, description=description, formatter_class=_FORMATTER)
+    _add_logging_options(parser)
+    return parser
+
+
+def _add_service_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, metavar="PATH",
+                        help=f"the YAML config (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG})")
+
+
+def _add_dev_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEV_CONFIG, metavar="PATH",
+                        help="the YAML config (default: config.yaml in the current directory, the checkout's "
+                             f"example; a dev tool, unlike `run`, which reads {DEFAULT_CONFIG})")
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    run = _command(sub, "run", "run the daemon", (
+        "Connect to the broker, subscribe to every route and answer requests until SIGTERM or SIGINT\n"
+        "(SIGHUP reloads the config and models). systemd runs this; it logs to stderr.\n\n"
+        "example:\n  edge-inferd run --config config.yaml --broker localhost:1883"))
+    _add_service_config(run)
+    run.add_argument("--broker", metavar="HOST:PORT", help="the broker to use instead of the config's mqtt.broker")
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    check = _command(sub, "check-config", "validate a config; exit 0, or 78 listing every error", (
+        "Read the config and load every model. Prints one line and exits 0 when it is valid;\n"
+        "otherwise prints every error as `key.path: message (line N)` and exits 78.\n\n"
+        "example:\n  edge-inferd check-config --config /etc/edge-inferd/config.yaml --deep"))
+    _add_service_config(check)
+    check.add_argument("--deep", action="store_true",
+                       help="also run each model once and every route's validate gate (what a reload checks)")
+
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
+    val = _command(sub, "validate", "accuracy of a route's whole pipeline on labelled data", (
+        "Run a route's whole pipeline (decode, preprocess, quantize, infer) on x of an .npz and\n"
+        "compare with its integer labels y. Prints one JSON object (accuracy, n, model_sha256);\n"
+        "exits 1 below --min-accuracy, or more than --max-drop below the --float model.\n\n"
+        "example:\n  edge-inferd validate --config config.yaml --route activity --data models/activity/test.npz"))
+    _add_service_config(val)
+    val.add_argument("--route", required=True, metavar="NAME", help="the route's name in the config")
+    val.add_argument("--data", required=True, type=Path, metavar="FILE.npz",
+                     help=".npz with x (N, *input.shape) in sensor units and y (N,) integer labels")
+    val.add_argument("--float", dest="float_model", type=Path, metavar="F.tflite",
+                     help="float reference model: also report its accuracy and gate on the drop")
+    val.add_argument("--max-drop", type=float, default=0.01, help="max accuracy drop vs --float (default 0.01)")
+    val.add_argument("--min-accuracy", type=float, default=0.0, help="fail below this accuracy (default 0)")
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = _command(sub, "bench", "model and end-to-end benchmarks (dev tools)", (
+        "Benchmarks: `bench model` times one model's invokes, `bench e2e` the whole daemon over MQTT."))
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", help="model or e2e")
+    bm = _command(bench_sub, "model", "per-invoke latency per backend, threads and batch", (
+        "Time a route's model per installed backend, thread count and batch size (p50/p99 per invoke).\n\n"
+        "example:\n  edge-inferd bench model --route appliance --batch 1 8 --iterations 300"))
+    _add_dev_config(bm)
+    bm.add_argument("--route", required=True, metavar="NAME", help="the route whose model is timed")
+    bm.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
+    bm.add_argument("--threads", type=int, nargs="+", help="interpreter threads (default 1..cores)")
+    bm.add_argument("--iterations", type=int, default=200, help="invokes timed per row (default 200)")
+    bm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    _add_bench_e2e(bench_sub)
+
+
+def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
+    be = _command(bench_sub, "e2e", "echo floor, naive script and the daemon over one private mosquitto", (
+        "Start a private mosquitto and compare the paho echo floor, a naive one-file script and the\n"
+        "daemon: drain rate of a burst, open-loop latency, cache and batching (docs/performance.md).\n\n"
+        "example:\n  edge-inferd bench e2e --quick"))
+    _add_dev_config(be)
+    be.add_argument("--requests", type=int, help="requests per burst (default 5000)")
+    be.add_argument("--duration", type=float, help="seconds per open-loop rate (default 5; 2x for 2x capacity)")
+    be.add_argument("--rates", nargs="+", help='open-loop rates: "1000" req/s or "0.5x" the daemon\'s drain rate')
+    be.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    be.add_argument("--only", action="append", choices=("drain", "openloop", "cache", "batching"),
+                    help="run only this phase (repeatable; openloop also runs drain, which sets its rates)")
+    be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    status = _command(sub, "status", "a node's retained status and stats, as a table", (
+        "Read the retained edge-inferd/<client_id>/status and .../stats topics from the broker\n"
+        "and print them as a table. Exits 1 when the broker is unreachable or has no node.\n\n"
+        "example:\n  edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1"))
+    status.add_argument("--broker", default="localhost:1883", metavar="HOST:PORT",
+                        help="the broker (default localhost:1883)")
+    status.add_argument("--client-id", metavar="ID",
+                        help="the node's mqtt.client_id (default: every node on the broker)")
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    demo = _command(sub, "demo", "private broker + daemon + replay of the bundled test data", (
+        "Start a private mosquitto and the daemon, send every bundled held-out sample as a client\n"
+        "would (16 requests outstanding), print the first replies of each route and a summary, and\n"
+        "stop. What ./scripts/demo.sh runs; -v prints every reply.\n\n"
+        "example:\n  edge-inferd demo --limit 10"))
+    _add_dev_config(demo)
+    demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
+    demo.add_argument("--quiet", action="store_true", help="print only the summary")
