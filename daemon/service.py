@@ -136,7 +136,8 @@ class Service:
                 self._notifier.status(self._status_line())
                 if now - last_log >= STATS_LOG_INTERVAL_S:
                     last_log = now
-                    logger.info("stats %s", codecs.encode(snapshot).decode())
+                    logger.info("%s", metrics.summary_line(snapshot))
+                    logger.debug("stats %s", codecs.encode(snapshot).decode())
             if self.signals.wait(self._tick()):
                 self._handle_signals()
             if self._stopping:
@@ -172,7 +173,10 @@ class Service:
     def shutdown(self) -> None:
         while self._started:
             self._stop_step(self._started.pop())
-        logger.info("stopped; stats %s", codecs.encode(self.snapshot()).decode())
+        snapshot = self.snapshot()
+        logger.info("%s", metrics.summary_line(snapshot))
+        # The full object last: tests/integration/test_faults.py and test_reload.py parse this line.
+        logger.info("stopped; stats %s", codecs.encode(snapshot).decode())
 
     @staticmethod
     def _stop_step(step: Step) -> None:
