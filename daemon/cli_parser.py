@@ -62,7 +62,11 @@ def _add_logging_options(parser: argparse.ArgumentParser, main: bool = False) ->
                        help="log this level and above on stderr (default info; wins over -v)")
 
 
-def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+             example: str = "") -> argparse.ArgumentParser:
+    """A subcommand: `summary` for the list in the parent's -h, `description` and `example` for its own -h."""
+    if example:
+        description += f"\n\nexample:\n  {example}"
     parser = sub.add_parser(name, help=summary, description=description, formatter_class=_FORMATTER)
     _add_logging_options(parser)
     return parser
@@ -82,8 +86,8 @@ def _add_dev_config(parser: argparse.ArgumentParser) -> None:
 def _add_run(sub: argparse._SubParsersAction) -> None:
     run = _command(sub, "run", "run the daemon", (
         "Connect to the broker, subscribe to every route and answer requests until SIGTERM or SIGINT\n"
-        "(SIGHUP reloads the config and models). systemd runs this; it logs to stderr.\n\n"
-        "example:\n  edge-inferd run --config config.yaml --broker localhost:1883"))
+        "(SIGHUP reloads the config and models). systemd runs this; it logs to stderr."),
+        example="edge-inferd run --config config.yaml --broker localhost:1883")
     _add_service_config(run)
     run.add_argument("--broker", metavar="HOST:PORT", help="the broker to use instead of the config's mqtt.broker")
 
@@ -91,8 +95,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _add_check(sub: argparse._SubParsersAction) -> None:
     check = _command(sub, "check-config", "validate a config; exit 0, or 78 listing every error", (
         "Read the config and load every model. Prints one line and exits 0 when it is valid;\n"
-        "otherwise prints every error as `key.path: message (line N)` and exits 78.\n\n"
-        "example:\n  edge-inferd check-config --config /etc/edge-inferd/config.yaml --deep"))
+        "otherwise prints every error as `key.path: message (line N)` and exits 78."),
+        example="edge-inferd check-config --config /etc/edge-inferd/config.yaml --deep")
     _add_service_config(check)
     check.add_argument("--deep", action="store_true",
                        help="also run each model once and every route's validate gate (what a reload checks)")
@@ -102,8 +106,8 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     val = _command(sub, "validate", "accuracy of a route's whole pipeline on labelled data", (
         "Run a route's whole pipeline (decode, preprocess, quantize, infer) on x of an .npz and\n"
         "compare with its integer labels y. Prints one JSON object (accuracy, n, model_sha256);\n"
-        "exits 1 below --min-accuracy, or more than --max-drop below the --float model.\n\n"
-        "example:\n  edge-inferd validate --config config.yaml --route activity --data models/activity/test.npz"))
+        "exits 1 below --min-accuracy, or more than --max-drop below the --float model."),
+        example="edge-inferd validate --config config.yaml --route activity --data models/activity/test.npz")
     _add_service_config(val)
     val.add_argument("--route", required=True, metavar="NAME", help="the route's name in the config")
     val.add_argument("--data", required=True, type=Path, metavar="FILE.npz",
@@ -119,8 +123,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "Benchmarks: `bench model` times one model's invokes, `bench e2e` the whole daemon over MQTT."))
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", help="model or e2e")
     bm = _command(bench_sub, "model", "per-invoke latency per backend, threads and batch", (
-        "Time a route's model per installed backend, thread count and batch size (p50/p99 per invoke).\n\n"
-        "example:\n  edge-inferd bench model --route appliance --batch 1 8 --iterations 300"))
+        "Time a route's model per installed backend, thread count and batch size (p50/p99 per invoke)."),
+        example="edge-inferd bench model --route appliance --batch 1 8 --iterations 300")
     _add_dev_config(bm)
     bm.add_argument("--route", required=True, metavar="NAME", help="the route whose model is timed")
     bm.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
@@ -133,8 +137,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
     be = _command(bench_sub, "e2e", "echo floor, naive script and the daemon over one private mosquitto", (
         "Start a private mosquitto and compare the paho echo floor, a naive one-file script and the\n"
-        "daemon: drain rate of a burst, open-loop latency, cache and batching (docs/performance.md).\n\n"
-        "example:\n  edge-inferd bench e2e --quick"))
+        "daemon: drain rate of a burst, open-loop latency, cache and batching (docs/performance.md)."),
+        example="edge-inferd bench e2e --quick")
     _add_dev_config(be)
     be.add_argument("--requests", type=int, help="requests per burst (default 5000)")
     be.add_argument("--duration", type=float, help="seconds per open-loop rate (default 5; 2x for 2x capacity)")
@@ -148,8 +152,8 @@ def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
 def _add_status(sub: argparse._SubParsersAction) -> None:
     status = _command(sub, "status", "a node's retained status and stats, as a table", (
         "Read the retained edge-inferd/<client_id>/status and .../stats topics from the broker\n"
-        "and print them as a table. Exits 1 when the broker is unreachable or has no node.\n\n"
-        "example:\n  edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1"))
+        "and print them as a table. Exits 1 when the broker is unreachable or has no node."),
+        example="edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1")
     status.add_argument("--broker", default="localhost:1883", metavar="HOST:PORT",
                         help="the broker (default localhost:1883)")
     status.add_argument("--client-id", metavar="ID",
@@ -160,8 +164,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = _command(sub, "demo", "private broker + daemon + replay of the bundled test data", (
         "Start a private mosquitto and the daemon, send every bundled held-out sample as a client\n"
         "would (16 requests outstanding), print the first replies of each route and a summary, and\n"
-        "stop. What ./scripts/demo.sh runs; -v prints every reply.\n\n"
-        "example:\n  edge-inferd demo --limit 10"))
+        "stop. What ./scripts/demo.sh runs; -v prints every reply."),
+        example="edge-inferd demo --limit 10")
     _add_dev_config(demo)
     demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
     demo.add_argument("--quiet", action="store_true", help="print only the summary")
