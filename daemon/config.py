@@ -17,10 +17,11 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 from daemon import preprocess, topics
+from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
 from daemon.config_reader import Reader, load_yaml
-from daemon.errors import ConfigError, DaemonError, ModelError
-from daemon.runtime import RUNTIME_CHOICES, Model
+from daemon.errors import ConfigError
+from daemon.runtime import RUNTIME_CHOICES
 
 _MIB = 1 << 20
 DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` undecoded
@@ -152,15 +153,20 @@ class Config:
 def load_config(path: Path | str, check_models: bool = True) -> Config:
     """Read, validate and freeze a config file; ConfigError lists every problem."""
     path = Path(path)
-    raw = load_yaml(path)
-    reader = Reader(raw)
+    raw, problems = load_yaml(path)
+    reader = Reader(raw, problems)
     base = path.resolve().parent
     config = _read_config(reader, base, path)
-    if not reader.errors:
-        _cross_check(reader, config, check_models)
+    cross_check(reader, config, check_models)  # on whatever pass 1 left standing: every mistake in one run
     if reader.errors:
-        raise ConfigError(reader.errors)
+        raise ConfigError(sorted(reader.errors, key=_line_of))
     return config
+
+
+def _line_of(error: str) -> int:
+    """The `(line N)` an error ends with (0 for none): errors are listed in file order."""
+    _, found, rest = error.rpartition(" (line ")
+    return int(rest[:-1]) if found and rest[:-1].isdigit() else 0
 
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
@@ -212,7 +218,9 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
     if subscribe and (err := topics.filter_error(subscribe)):
         r.error(m, "subscribe", p, err)
     publish = r.get(m, "publish", p, str, "", required=True)
-    if publish and (err := topics.template_error(publish, topics.wildcard_count(subscribe))):
+    # Placeholders count the filter's '+' levels: a broken filter has none to count.
+    captures = topics.wildcard_count(subscribe) if r.ok(f"{p}.subscribe") else None
+    if publish and (err := topics.template_error(publish, captures)):
         r.error(m, "publish", p, err)
     output = r.section(m, "output", ("top_k",), path=f"{p}.output")
     gate = r.section(m, "validate", ("data", "min_accuracy"), path=f"{p}.validate")
@@ -316,80 +324,3 @@ def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:
 
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
-
-
-def _cross_check(r: Reader, config: Config, check_models: bool) -> None:
-    routes_raw = r.raw["routes"]
-    seen_names: dict[str, int] = {}
-    seen_filters: dict[str, int] = {}
-    for i, route in enumerate(config.routes):
-        p, m = f"routes[{i}]", routes_raw[i]
-        if route.name in seen_names:
-            r.error(m, "name", p, f"duplicate route name {route.name!r} (also routes[{seen_names[route.name]}])")
-        if route.subscribe in seen_filters:
-            first = seen_filters[route.subscribe]
-            r.error(m, "subscribe", p, f"filter {route.subscribe!r} is already routed by routes[{first}]")
-        seen_names.setdefault(route.name, i)
-        seen_filters.setdefault(route.subscribe, i)
-        if route.model not in config.models:
-            known = ", ".join(sorted(config.models)) or "none"
-            r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
-    if check_models:
-        _check_models(r, config)
-
-
-def _check_models(r: Reader, config: Config) -> None:
-    """Load each model once and check labels and every route's shapes against it."""
-    loaded: dict[str, Model] = {}
-    models_raw = r.raw["models"]
-    for name, mc in config.models.items():
-        p = f"models.{name}"
-        try:
-            loaded[name] = open_model(config, name, max_batch=1)
-        except (ModelError, DaemonError) as exc:
-            r.error(models_raw[name], "path", p, str(exc))
-            continue
-        labels = read_labels(mc.labels)
-        if labels is None:
-            r.error(models_raw[name], "labels", p, f"{mc.labels}: labels file not found")
-        elif len(labels) != loaded[name].num_outputs:
-            r.error(models_raw[name], "labels", p,
-                    f"{mc.labels} has {len(labels)} labels but the model has {loaded[name].num_outputs} outputs")
-    for i, route in enumerate(config.routes):
-        if route.model in loaded:
-            _check_route_shape(r, i, route, loaded[route.model])
-
-
-def _check_route_shape(r: Reader, i: int, route: RouteConfig, model: Model) -> None:
-    m = r.raw["routes"][i]
-    try:
-        shape = preprocess.output_shape(route.preprocess, route.input.shape)
-    except ValueError as exc:
-        r.error(m, "preprocess", f"routes[{i}]", str(exc))
-        return
-    if shape != model.sample_shape:
-        r.error(m, "input", f"routes[{i}]", f"shape {list(route.input.shape)} becomes {list(shape)} after "
-                f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
-    if route.top_k > model.num_outputs:
-        r.error(m, "output", f"routes[{i}]", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
-
-
-def open_model(config: Config, name: str, max_batch: Optional[int] = None,
-               sha256: Optional[str] = None) -> Model:
-    """Load model `name` as the config says: its backend, pinned digest, XNNPACK and batch buckets.
-
-    `max_batch=1` for a copy that only checks or describes the model (no batch interpreters
-    to build); `sha256` pins a digest already read (the workers' copies of a loaded model)."""
-    mc = config.models[name]
-    return Model(mc.path, backend=config.runtime, expected_sha256=sha256 or mc.sha256, xnnpack=config.xnnpack,
-                 max_batch=max_batch or config.batching.max_batch)
-
-
-def read_labels(path: Path) -> Optional[list[str]]:
-    """Labels, one per non-empty line; None when the file is missing."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return [line.strip() for line in text.splitlines() if line.strip()]
-

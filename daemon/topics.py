@@ -54,8 +54,9 @@ def wildcard_count(topic_filter: str) -> int:
     return topic_filter.split("/").count("+")
 
 
-def template_error(template: str, captures: int) -> Optional[str]:
-    """Why a publish template is invalid for a filter with `captures` '+' levels."""
+def template_error(template: str, captures: Optional[int]) -> Optional[str]:
+    """Why a publish template is invalid for a filter with `captures` '+' levels (None: the
+    filter is itself broken, so numbered placeholders are not counted against it)."""
     if not template:
         return "publish template must not be empty"
     if "+" in template or "#" in template:
@@ -65,7 +66,7 @@ def template_error(template: str, captures: int) -> Optional[str]:
             continue
         if not name.isdigit() or int(name) < 1:
             return f"unknown placeholder {{{name}}}: use {{1}}, {{2}}, ... or {{topic}}"
-        if int(name) > captures:
+        if captures is not None and int(name) > captures:
             return f"placeholder {{{name}}} but the subscribe filter has only {captures} '+' level(s)"
     return None
 

@@ -73,13 +73,18 @@ def test_every_error_is_reported_at_once_with_its_key_path(tmp_path):
         "mqtt.colour: unknown key",
         "runtime: must be one of auto, litert, tflite",
         "routes[0].subscribe: '#' must be a whole level and the last one",
-        "routes[0].publish: placeholder {3} but the subscribe filter has only 0",
         "routes[1].input.format: must be one of json, raw, npy, image",
         "workers.max: must be >= 1",
     ]
     for line in expected:
         assert line in text, f"missing: {line}\n--- got:\n{text}"
     assert "(line 3)" in text  # qos is on line 3 of the file
+    assert "routes[0].publish" not in text  # a follow-on of the broken filter: only the root cause is reported
+    # Pass 2 runs on what pass 1 left standing: the missing model file and the unknown model are in the same run.
+    assert "models.ghost.path: /nonexistent/model.tflite: model file not found" in text
+    assert "routes[1].model: unknown model 'nosuchmodel'" in text
+    lines = [int(e.rsplit("(line ", 1)[1].rstrip(")")) for e in err.value.errors if e.endswith(")")]
+    assert lines == sorted(lines)  # in file order
 
 
 def test_cross_field_errors_once_the_shape_is_right(tmp_path):
@@ -125,9 +130,9 @@ def test_run_refuses_an_invalid_config_with_the_same_messages(tmp_path):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("", "config: is required and must be a mapping"),
-    ("mqtt: [1, 2\n", "invalid YAML at line"),
-    ("- just\n- a list\n", "config: must be a mapping"),
+    ("", r"config: the file is empty: .* \(line 1\)"),
+    ("mqtt: [1, 2\n", r"invalid YAML: .* \(line 2\)"),
+    ("- just\n- a list\n", r"config: must be a mapping, got a list \(line 1\)"),
 ])
 def test_unusable_files_are_config_errors(tmp_path, text, message):
     path = tmp_path / "c.yaml"
