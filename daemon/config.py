@@ -144,10 +144,9 @@ class Config:
     def with_broker(self, broker: str) -> "Config":
         """A copy with `mqtt.broker` replaced (the `--broker` flag); validated like the file."""
         try:
-            parse_broker(broker)
+            return replace(self, mqtt=self.mqtt.with_broker(broker))
         except ValueError as exc:
             raise ConfigError([f"--broker: {exc}"]) from None
-        return replace(self, mqtt=replace(self.mqtt, broker=broker))
 
 
 def load_config(path: Path | str, check_models: bool = True) -> Config:

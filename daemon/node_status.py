@@ -15,6 +15,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon.config import parse_broker
+from daemon.errors import ConfigError
 
 # The retained messages are complete once nothing new came for this long.
 QUIET_S = 0.5
@@ -24,7 +25,10 @@ _PCT = 100.0
 
 def fetch(broker: str, client_id: Optional[str], timeout_s: float = TIMEOUT_S) -> dict[str, dict]:
     """{node id: {"status": str, "stats": dict}} from the retained topics."""
-    host, port = parse_broker(broker)
+    try:
+        address = parse_broker(broker)
+    except ValueError as exc:
+        raise ConfigError([f"--broker: {exc}"]) from None
     nodes: dict[str, dict] = {}
     changed = threading.Event()
     last = [time.monotonic()]
@@ -44,7 +48,9 @@ def fetch(broker: str, client_id: Optional[str], timeout_s: float = TIMEOUT_S) -
 
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.on_message = on_message
-    client.connect(host, port)
+    if address.tls:  # mqtts://: the system's trust store, hostname verified
+        client.tls_set()
+    client.connect(address.host, address.port)
     node = client_id or "+"
     client.subscribe([(f"edge-inferd/{node}/status", 1), (f"edge-inferd/{node}/stats", 1)])
     client.loop_start()

@@ -112,9 +112,12 @@ def client(broker):
 
 
 def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides) -> Path:
-    """A copy of a config with absolute model paths, a private cache and overrides per section."""
+    """A copy of a config with absolute model paths, a private cache, client id `edge-inferd`
+    (unless the base config names one) and overrides per section."""
     raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(tmp_path / "cache")}
+    # The tests wait on edge-inferd/edge-inferd/status: pin the id (the default is edge-inferd-<hostname>).
+    raw["mqtt"] = {"client_id": "edge-inferd", **(raw.get("mqtt") or {})}
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
     path = tmp_path / "config.yaml"
