@@ -171,9 +171,11 @@ def _line_of(error: str) -> int:
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
                                          "batching", "stats_interval_s", "metrics"), required=True)
+    if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
+        raise ConfigError(r.errors)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
     return Config(
-        mqtt=read_mqtt(r, r.section(root, "mqtt", (*_field_names(MqttConfig), "password_file")), base),
+        mqtt=read_mqtt(r, r.section(root, "mqtt", MqttConfig), base),
         runtime=runtime,
         models=MappingProxyType(_read_models(r, root, base)),
         routes=_read_routes(r, root, base),
@@ -322,4 +324,5 @@ def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+    """The YAML keys of a section: its dataclass's fields, less those derived after reading."""
+    return tuple(f.name for f in fields(cls) if f.init)

@@ -202,7 +202,8 @@ class Reader:
         if not isinstance(value, dict):
             self.fail(path, f"must be a mapping, got {kind(value)}", line)
             return {}
-        names = [f.name for f in dataclasses.fields(known)] if dataclasses.is_dataclass(known) else list(known)
+        dataclass = dataclasses.is_dataclass(known)
+        names = [f.name for f in dataclasses.fields(known) if f.init] if dataclass else list(known)
         for k in value:
             if k not in names:
                 self.error(value, k, path, f"unknown key (known: {', '.join(names)})")
