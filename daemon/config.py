@@ -11,7 +11,7 @@ Every problem is collected and raised at once as `ConfigError` with lines of the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -30,11 +30,16 @@ INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MIN_STATS_INTERVAL_S = 0.1
 PORT_LIMIT = 65536
+DEFAULT_TOP_K = 3
+# Field metadata read by scripts/gen_config_doc.py (docs/config.md): "yaml" is the key when it
+# differs from the field's name, "doc_default" a default that is not a literal, "doc": False
+# hides a field that is not a YAML key.
+_HIDDEN = {"doc": False}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str
+    name: str = field(metadata=_HIDDEN)  # the key under `models`
     path: Path
     """The full-integer INT8 .tflite file."""
     labels: Path
@@ -46,8 +51,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class InputConfig:
     format: str = "json"
-    """json | raw | npy | image."""
-    shape: tuple[int, ...] = ()
+    """json, raw, npy or image (see Input formats)."""
+    shape: tuple[int, ...] = field(default=(), metadata={"doc_default": "required"})
     """Shape of one request, in sensor units, before preprocessing."""
     dtype: str = "float32"
     """Element type of raw payloads (json values are parsed as floats)."""
@@ -58,26 +63,29 @@ class InputConfig:
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
+    """Unique route name, echoed in every reply."""
     subscribe: str
     """Topic filter; each '+' level is a capture for {1}, {2}, ... in `publish`."""
     model: str
     """A key of `models`."""
     input: InputConfig
-    preprocess: tuple
-    """Steps from `daemon.preprocess`, applied in order."""
-    top_k: int
+    """How request payloads are decoded (`routes[].input` below)."""
+    preprocess: tuple = field(metadata={"doc_default": "`[]`", "doc_type": "list of steps"})
+    """Steps from `daemon.preprocess`, applied in order (see Preprocess steps below)."""
+    top_k: int = field(metadata={"yaml": "output.top_k", "doc_default": DEFAULT_TOP_K})
     """How many (label, score) pairs a result lists."""
     publish: str
-    """Reply topic template."""
-    validate_data: Optional[Path] = None
+    """Reply topic template: {1}, {2}, ... are the filter's '+' captures, {topic} the request topic."""
+    validate_data: Optional[Path] = field(default=None, metadata={"yaml": "validate.data"})
     """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
-    min_accuracy: float = 0.0
-    """The gate: top-1 accuracy on `validate_data` at least this."""
+    min_accuracy: float = field(default=0.0, metadata={"yaml": "validate.min_accuracy"})
+    """The gate: top-1 accuracy on `validate.data` at least this."""
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
+    """false serves every request from the model."""
     dir: Path = Path(".cache/edge-inferd")
     """Created with mode 0700; survives restarts. Relative: under $CACHE_DIRECTORY when systemd
     sets it (CacheDirectory=), else next to the config file."""
@@ -91,7 +99,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class WorkersConfig:
-    max: int = os.cpu_count() or 1
+    max: int = field(default=os.cpu_count() or 1, metadata={"doc_default": "the number of CPUs"})
     """Worker threads; each owns one interpreter per model and batch bucket."""
     queue_mb: float = 64.0
     """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
@@ -119,7 +127,7 @@ class BatchingConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     port: Optional[int] = None
-    """Serve Prometheus metrics on this port (None: no endpoint)."""
+    """Serve Prometheus metrics on this port (null: no endpoint)."""
     address: str = "127.0.0.1"
     """Address to bind; 0.0.0.0 exposes the endpoint to the network."""
 
@@ -127,18 +135,19 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class Config:
     mqtt: MqttConfig
-    runtime: str
+    runtime: str = field(metadata={"doc_default": "`auto`"})
+    """TFLite backend: auto (ai-edge-litert, else tflite-runtime), litert or tflite."""
     models: Mapping[str, ModelConfig]
     routes: tuple[RouteConfig, ...]
     cache: CacheConfig
     workers: WorkersConfig
     batching: BatchingConfig = BatchingConfig()
     xnnpack: bool = True
-    """litert only: False runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
+    """litert only: false runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
     stats_interval_s: float = 10.0
     """How often the retained stats go to `edge-inferd/<client_id>/stats` (also at start)."""
     metrics: MetricsConfig = MetricsConfig()
-    source: Optional[Path] = None
+    source: Optional[Path] = field(default=None, metadata=_HIDDEN)
     """The file this config came from, for messages."""
 
     def with_broker(self, broker: str) -> "Config":
@@ -234,7 +243,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         model=r.get(m, "model", p, str, "", required=True),
         input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
         preprocess=_read_steps(r, m, p),
-        top_k=r.get(output, "top_k", f"{p}.output", int, 3, minimum=1),
+        top_k=r.get(output, "top_k", f"{p}.output", int, DEFAULT_TOP_K, minimum=1),
         publish=publish,
         validate_data=None if data is None else base / data,
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),

@@ -34,7 +34,7 @@ PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 @dataclass(frozen=True)
 class TlsConfig:
     ca_file: Optional[Path] = None
-    """CA certificates that sign the broker's certificate; None: the system's trust store."""
+    """CA certificates that sign the broker's certificate; null: the system's trust store."""
     cert_file: Optional[Path] = None
     """Client certificate, for brokers that require one (with key_file)."""
     key_file: Optional[Path] = None
@@ -70,7 +70,7 @@ class MqttConfig:
     """Where the broker is: `host`, `host:port`, `[v6addr]:port`, `mqtt://host[:port]` or
     `mqtts://host[:port]`. The port defaults to 1883, or 8883 with TLS; `mqtts://` turns TLS on
     (with the system's trust store unless `tls` says otherwise)."""
-    client_id: str = field(default_factory=default_client_id, metadata={"doc_default": "edge-inferd-<hostname>"})
+    client_id: str = field(default_factory=default_client_id, metadata={"doc_default": "`edge-inferd-<hostname>`"})
     """MQTT client id; also the node id in `edge-inferd/<client_id>/status`. Unique per daemon:
     the broker disconnects the older of two clients with one id (v5 "Session taken over")."""
     protocol: int = 5
@@ -89,15 +89,14 @@ class MqttConfig:
     while it is away, so nothing sent meanwhile is lost. 0: a clean session every connect.
     MQTT 3.1.1 has no expiry: any value > 0 means `clean_session=False`."""
     username: Optional[str] = None
-    """Broker user name, or None for anonymous."""
+    """Broker user name, or null for anonymous."""
     password: Optional[str] = field(default=None, repr=False)
-    """Broker password, inline (discouraged: the config is world-readable). Never logged;
-    `repr=False` keeps it out of reprs."""
+    """Broker password, inline (discouraged: the config file is world-readable). Never logged."""
     password_file: Optional[Path] = None
     """File holding the broker password (its first line). Neither key set: systemd's
     LoadCredential=mqtt-password:FILE, read from $CREDENTIALS_DIRECTORY/mqtt-password."""
     tls: Optional[TlsConfig] = None
-    """TLS to the broker, hostname verified; None: plain TCP, unless `broker` is `mqtts://`."""
+    """TLS to the broker, hostname verified; null: plain TCP, unless `broker` is `mqtts://`."""
     outbox: OutboxConfig = OutboxConfig()
     """The on-disk outbox (daemon/outbox.py)."""
     host: str = field(init=False, default="", metadata={"doc": False})
