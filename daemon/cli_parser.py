@@ -89,7 +89,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "(SIGHUP reloads the config and models). systemd runs this; it logs to stderr."),
         example="edge-inferd run --config config.yaml --broker localhost:1883")
     _add_service_config(run)
-    run.add_argument("--broker", metavar="HOST:PORT", help="the broker to use instead of the config's mqtt.broker")
+    run.add_argument("--broker", metavar="ADDRESS", help="the broker to use instead of the config's mqtt.broker: "
+                     "HOST[:PORT], [V6]:PORT, mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (TLS)")
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
@@ -154,8 +155,8 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
         "Read the retained edge-inferd/<client_id>/status and .../stats topics from the broker\n"
         "and print them as a table. Exits 1 when the broker is unreachable or has no node."),
         example="edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1")
-    status.add_argument("--broker", default="localhost:1883", metavar="HOST:PORT",
-                        help="the broker (default localhost:1883)")
+    status.add_argument("--broker", default="localhost:1883", metavar="ADDRESS",
+                        help="the broker: HOST[:PORT], mqtt://... or mqtts://... (default localhost:1883)")
     status.add_argument("--client-id", metavar="ID",
                         help="the node's mqtt.client_id (default: every node on the broker)")
 

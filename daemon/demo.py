@@ -85,7 +85,8 @@ class Replayer:
         self._status_topic = status_topic
         self.status: Optional[bytes] = None
         self.changed = threading.Condition()
-        self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id="edge-inferd-demo", protocol=paho.MQTTv5)
+        self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-inferd-demo-{os.getpid()}",
+                                   protocol=paho.MQTTv5)
         self._client.on_message = self._on_message
         topics_ = sorted(reply_topics | {status_topic})
         self._client.on_connect = lambda c, *_: (disable_nagle(c.socket()), c.subscribe([(t, 1) for t in topics_]))

@@ -183,7 +183,7 @@ class MqttLink:
         self._client.on_publish = self._on_publish
         self._client.on_connect_fail = self._on_connect_fail
         self._log = ThrottledLog(logger)
-        self._health = LinkHealth(config.broker, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
+        self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
         self._stopping = False
         self._safe = _AckWhenSafe(self._published)
         self.outbox = outbox
@@ -193,9 +193,8 @@ class MqttLink:
 
     def start(self) -> None:
         """Connect in the background; retries with capped backoff while the broker is down."""
-        logger.info("connecting to %s://%s:%d as %r (MQTT %s)", "mqtts" if self._config.tls else "mqtt",
-                    self._config.host, self._config.port,
-                    self._config.client_id, "v5" if self._config.is_v5 else "3.1.1")
+        logger.info("connecting to %s as %r (MQTT %s)", self._config.url, self._config.client_id,
+                    "v5" if self._config.is_v5 else "3.1.1")
         options: dict = {}
         if self._config.is_v5:
             properties = Properties(PacketTypes.CONNECT)
@@ -247,7 +246,7 @@ class MqttLink:
         if reason_code.is_failure:
             self._health.refused(reason_code.value, reason_code)
             return
-        logger.info("connected to %s", self._config.broker)
+        logger.info("connected to %s", self._config.url)
         self._health.connected()
         disable_nagle(client.socket())
         self.connected.set()

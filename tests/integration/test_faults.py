@@ -111,8 +111,9 @@ def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
                 if "cannot connect to" in seen or daemon.proc.poll() is not None:
                     break
                 time.sleep(0.1)  # polling a log file; the limit only bounds a failing test
-        assert f"cannot connect to {broker.address}: refused: nothing accepts connections on port {broker.port}" \
-            in seen and "next try in 1 s" in seen, seen  # the cause, and when it tries again
+        refused = f"refused: nothing accepts connections on port {broker.port}"
+        assert f"cannot connect to mqtt://{broker.address}: {refused}" in seen, seen  # the cause...
+        assert "next try in 1 s" in seen, seen  # ...and when it tries again
         broker.start()
         client = Client(broker)
         client.subscribe("edge-inferd/edge-inferd/status")
