@@ -73,6 +73,10 @@ class MqttConfig:
     client_id: str = field(default_factory=default_client_id, metadata={"doc_default": "`edge-inferd-<hostname>`"})
     """MQTT client id; also the node id in `edge-inferd/<client_id>/status`. Unique per daemon:
     the broker disconnects the older of two clients with one id (v5 "Session taken over")."""
+    share_group: Optional[str] = None
+    """MQTT v5 shared subscription group: every route subscribes as `$share/<group>/<filter>`,
+    so the broker splits the requests between the daemons (and gateways) in the group, each
+    request to one of them. Each daemon keeps its own client_id and status. None: not shared."""
     protocol: int = 5
     """5 for MQTT v5 (default), 311 for 3.1.1 (written `3.1.1` in the file)."""
     qos: int = 1
@@ -126,6 +130,10 @@ class MqttConfig:
     @property
     def persistent(self) -> bool:
         return self.session_expiry_s > 0
+
+    def subscription(self, topic_filter: str) -> str:
+        """The filter as subscribed: `$share/<group>/<filter>` in a share group."""
+        return f"$share/{self.share_group}/{topic_filter}" if self.share_group else topic_filter
 
     @property
     def status_topic(self) -> str:
@@ -200,6 +208,7 @@ def read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
     return MqttConfig(
         broker=_read_broker(r, m, tls),
         client_id=r.get(m, "client_id", p, (str, type(None)), None, check=_no_wildcards) or default_client_id(),
+        share_group=r.get(m, "share_group", p, (str, type(None)), None, check=_one_level),
         protocol=PROTOCOLS.get(str(protocol), 5),
         qos=r.get(m, "qos", p, int, d.qos, choices=(0, 1, 2)),
         keepalive_s=r.get(m, "keepalive_s", p, int, d.keepalive_s, minimum=5),
@@ -271,6 +280,12 @@ def _read_outbox(r: Reader, m: Mapping, base: Path) -> OutboxConfig:
 
 def _within_session_expiry(value: int) -> Optional[str]:
     return None if value <= MAX_SESSION_EXPIRY_S else f"must be <= {MAX_SESSION_EXPIRY_S} (MQTT's 32-bit limit)"
+
+
+def _one_level(value: Optional[str]) -> Optional[str]:
+    if value is not None and (not value or any(c in value for c in "+#/")):
+        return "must be one non-empty topic level without '+', '#' or '/' (it goes into $share/<group>/<filter>)"
+    return None
 
 
 def _no_wildcards(value: str) -> Optional[str]:

@@ -152,7 +152,7 @@ class MqttLink:
                  receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
         self._config = config
         self._receive_maximum = receive_maximum
-        self._filters = tuple(filters)
+        self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_message
         self._accepting = threading.Event()
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
