@@ -100,7 +100,16 @@ class CacheConfig:
 @dataclass(frozen=True)
 class WorkersConfig:
     max: int = field(default=os.cpu_count() or 1, metadata={"doc_default": "the number of CPUs"})
-    """Worker threads; each owns one interpreter per model and batch bucket."""
+    """Worker threads at most; each owns one interpreter per model and batch bucket."""
+    min: int = 1
+    """Worker threads at least. Between `min` and `max` the pool grows and shrinks with the
+    load (docs/scaling.md); `min` equal to `max` is a fixed pool."""
+    scale_up_wait_ms: float = 50.0
+    """A thread is added as soon as a request waits longer than this in the queue (arrival
+    to a worker taking it), one per such wait, up to `max`."""
+    scale_down_after_s: float = 30.0
+    """A thread is retired (after its current batch) once the queue wait stayed below half of
+    `scale_up_wait_ms` with a worker idle for this long; at most one per this many seconds."""
     queue_mb: float = 64.0
     """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
     that fits is served however many messages it holds; past it requests are `overloaded`."""
@@ -318,10 +327,24 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
                 "and overload by workers.max_wait_ms")
     return WorkersConfig(
         max=r.get(m, "max", p, int, d.max, minimum=1),
+        min=_read_min_workers(r, m, p),
+        scale_up_wait_ms=r.get(m, "scale_up_wait_ms", p, (int, float), d.scale_up_wait_ms, minimum=0),
+        scale_down_after_s=r.get(m, "scale_down_after_s", p, (int, float), d.scale_down_after_s, minimum=0),
         queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
         max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
     )
+
+
+def _read_min_workers(r: Reader, m: Mapping, p: str) -> int:
+    """`workers.min`, at most `workers.max` (whose default, the CPU count, is named as such)."""
+    most = r.get(m, "max", p, int, WorkersConfig.max, minimum=1) if r.ok(f"{p}.max") else None
+    least = r.get(m, "min", p, int, WorkersConfig.min, minimum=1)
+    if most is not None and least > most:
+        limit = f"workers.max ({most})" if "max" in m else f"workers.max (default: the CPU count, {most})"
+        r.error(m, "min", p, f"must be at most {limit}, got {least}")
+        return most
+    return least
 
 
 def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:

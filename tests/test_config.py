@@ -189,3 +189,19 @@ def test_the_password_comes_from_its_file_or_systemds_credential_and_stays_out_o
     (creds / "mqtt-password").write_text("from-credential")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
     assert load_config(_config_with(tmp_path, "")).mqtt.password == "from-credential"
+
+
+def _workers_config(tmp_path: Path, workers: str) -> Path:
+    path = tmp_path / "config.yaml"
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    path.write_text(text.replace("  max: 2 ", workers, 1))
+    return path
+
+
+def test_adaptive_workers_keys_and_min_above_max(tmp_path):
+    keys = "  max: 4\n  min: 2\n  scale_up_wait_ms: 20\n  scale_down_after_s: 5\n"
+    workers = load_config(_workers_config(tmp_path, keys)).workers
+    assert (workers.min, workers.max, workers.scale_up_wait_ms, workers.scale_down_after_s) == (2, 4, 20, 5)
+    with pytest.raises(ConfigError) as err:
+        load_config(_workers_config(tmp_path, "  max: 2\n  min: 3\n"))
+    assert list(err.value.errors) == ["workers.min: must be at most workers.max (2), got 3 (line 115)"]
