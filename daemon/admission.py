@@ -7,7 +7,8 @@ served however many it holds):
   `overloaded` at once, and one whose own deadline (an MQTT v5 message expiry) would
   pass before a worker reaches it is answered `expired` at once.
 
-The predicted wait is the work queued ahead divided by the workers. Each admitted
+The predicted wait is the work queued ahead divided by the workers (those running now,
+when the pool is adaptive). Each admitted
 request adds its route's measured cost per request to the queued work, and takes it
 back when a worker dequeues it. The cost comes from a least-squares fit of batch time
 `a * n + b` over recent batches of that route (BentoML's dispatcher fits the same
@@ -100,6 +101,11 @@ class Admission:
         self._costs: dict[str, CostModel] = {}
         self.queued_bytes = 0
         self.queued_work_s = 0.0
+
+    def set_workers(self, workers: int) -> None:
+        """The pool grew or shrank: the predicted wait divides by the workers running now."""
+        with self._lock:
+            self._workers = max(1, workers)
 
     def predicted_wait_s(self) -> float:
         return self.queued_work_s / self._workers

@@ -35,9 +35,9 @@ class Autoscaler:
             raise ValueError(f"need 1 <= min ({min_workers}) <= max ({max_workers})")
         self.min = min_workers
         self.max = max_workers
-        self._up_wait = up_wait_s
+        self.up_wait_s = up_wait_s
+        self.down_after_s = down_after_s
         self._low_wait = up_wait_s * LOW_WAIT_FRACTION
-        self._down_after = down_after_s
         self._clock = clock
         self._peak = 0.0  # the longest wait seen since the last decision
         self._calm_since = clock()  # low load from then on, without a break
@@ -55,14 +55,14 @@ class Autoscaler:
     def decide(self, busy: int, idle: int, depth: int) -> int:
         """+1 to add a worker, -1 to retire an idle one, 0 to hold; `depth` is the queue's length."""
         now, workers = self._clock(), busy + idle
-        pressed, self._peak = self._peak > self._up_wait, 0.0
+        pressed, self._peak = self._peak > self.up_wait_s, 0.0
         if idle == 0:
             self._calm_since = now  # every worker busy: not low load, whatever the waits
         if workers < self.min:
             return self._changed(now, GROW)
         if pressed and workers < self.max and (idle == 0 or depth > 0):
             return self._changed(now, GROW)
-        if workers > self.min and idle > 0 and now - self._calm_since >= self._down_after:
+        if workers > self.min and idle > 0 and now - self._calm_since >= self.down_after_s:
             return self._changed(now, SHRINK)
         return HOLD
 

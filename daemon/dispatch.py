@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from daemon import codecs, pipeline, topics
 from daemon.admission import Admission, Refusal, Ticket
+from daemon.autoscale import Autoscaler
 from daemon.config import BatchingConfig, WorkersConfig
 from daemon.errors import INTERNAL
 from daemon.mqtt import Inbound
@@ -91,7 +92,10 @@ class Dispatcher:
         self._pool: WorkerPool[Job, _Context] = WorkerPool(
             workers.max, lambda i: _Context(make_models(i), pipes_by_name), self.process, batching.max_batch,
             batching.max_delay_ms / 1000.0,
-            deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock)
+            deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock,
+            scaler=Autoscaler(workers.min, workers.max, workers.scale_up_wait_ms / 1000.0, workers.scale_down_after_s,
+                              clock),
+            on_resize=self.admission.set_workers)
 
     @property
     def filters(self) -> list[str]:

@@ -35,3 +35,9 @@ def test_summary_line_before_any_request():
     snapshot = metrics.node_stats({}, 0.0, {}, 1)
     assert metrics.summary_line(snapshot) == (
         "stats: received 0, results 0, errors 0, cache off, queue 0, no latency yet, outbox 0, reconnects 0")
+
+
+def test_workers_carry_the_running_count_its_bounds_and_the_scale_counts():
+    scaling = {"min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}
+    snapshot = metrics.node_stats({}, 0.0, {}, 2, {"depth": 0, "busy": 1}, scaling=scaling)
+    assert snapshot["workers"] == {"threads": 2, "busy": 1, "min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from daemon.autoscale import Autoscaler
 from daemon.workers import WorkerPool
 
 
@@ -117,3 +118,75 @@ def test_a_wedged_worker_shows_as_no_progress_so_the_watchdog_stops():
     assert not pool.progressing(within_s=10.0)
     gate.set()
     assert pool.stop(timeout_s=30) and pool.progressing(within_s=10.0)
+
+
+class _Watched:
+    """A pool's worker count and the jobs it processed, waited on by condition (no timing guesses)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.sizes: list[int] = []
+        self.done: list[int] = []
+        self.contexts: list[int] = []
+
+    def resized(self, workers: int) -> None:
+        with self.cond:
+            self.sizes.append(workers)
+            self.cond.notify_all()
+
+    def processed(self, jobs: list[int]) -> None:
+        with self.cond:
+            self.done.extend(jobs)
+            self.cond.notify_all()
+
+    def wait(self, predicate) -> None:
+        with self.cond:
+            assert self.cond.wait_for(predicate, timeout=30), (self.sizes, len(self.done))
+
+
+def test_an_adaptive_pool_grows_under_a_backlog_and_shrinks_one_per_cooldown_losing_no_job():
+    clock, gate, watched = FakeClock(), threading.Event(), _Watched()
+    up_s, down_s = 0.010, 10.0
+    scaler = Autoscaler(1, 3, up_s, down_s, clock)
+
+    def make_context(index: int) -> int:
+        watched.contexts.append(index)
+        return index
+
+    def process(ctx: int, jobs: list[int]) -> None:
+        gate.wait(30)
+        watched.processed(jobs)
+
+    arrivals: dict[int, float] = {}
+    pool: WorkerPool[int, int] = WorkerPool(3, make_context, process, max_batch=2, arrival_of=lambda j: arrivals[j],
+                                            clock=clock, scaler=scaler, on_resize=watched.resized)
+    pool.start()
+    assert pool.size == 1 and watched.sizes == [1]
+    for job in range(20):
+        arrivals[job] = clock.now
+        pool.submit(job)
+    clock.now = 1.0  # the oldest queued job has waited 1 s, far past scale_up_wait: grow, to max and no further
+    watched.wait(lambda: watched.sizes[-1] == 3)
+    gate.set()
+    watched.wait(lambda: len(watched.done) == 20)
+    assert sorted(watched.contexts) == [0, 1, 2] and pool.scale_ups == 2
+    for expected in (2, 1):
+        clock.now += down_s  # a whole cooldown of low load: one worker retires, then the window starts again
+        watched.wait(lambda: watched.sizes[-1] == expected)
+        assert pool.size == expected
+    clock.now += 10 * down_s
+    for job in range(20, 30):  # the one left serves on; min is never undercut
+        arrivals[job] = clock.now
+        pool.submit(job)
+    watched.wait(lambda: len(watched.done) == 30)
+    assert pool.stop(timeout_s=30)
+    assert sorted(watched.done) == list(range(30)) and pool.size == 1 and pool.scale_downs == 2
+    assert watched.sizes == [1, 2, 3, 2, 1]
+
+
+def test_min_equal_to_max_is_the_fixed_pool():
+    pool: WorkerPool[int, int] = WorkerPool(2, lambda i: i, lambda c, j: None,
+                                            scaler=Autoscaler(2, 2, 0.01, 0.01, FakeClock()))
+    pool.start()
+    assert pool.size == 2 and not any(t.name.endswith("-scaler") for t in threading.enumerate())
+    assert pool.stop(timeout_s=30)
