@@ -19,6 +19,8 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: systemd units can RestartPreventExitStatus=78
 EXIT_INTERRUPTED = 130
+# Set by the supervisor in a worker process's environment (daemon/heartbeat.py INDEX_ENV).
+INDEX_ENV = "EDGE_INFERD_WORKER_INDEX"
 
 logger = logging.getLogger("edge-inferd")
 
@@ -51,7 +53,10 @@ def log_level(args: argparse.Namespace) -> str:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=log_level(args).upper(), stream=sys.stderr, format=log_format(), datefmt=_DATE_FORMAT)
+    index = os.environ.get(INDEX_ENV)  # a worker process names itself in each line: [w0], [w1], ...
+    prefix = f"[w{index}] " if index is not None else ""
+    logging.basicConfig(level=log_level(args).upper(), stream=sys.stderr, format=prefix + log_format(),
+                        datefmt=_DATE_FORMAT)
 
 
 def _missing_default_config(args: argparse.Namespace) -> Optional[str]:
@@ -75,11 +80,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = load_config(args.config, check_models)
         return config.with_broker(args.broker) if args.broker else config
 
+    index = os.environ.get(INDEX_ENV)
     try:
+        if index is not None:  # a worker process of a supervised node (daemon/supervisor.py)
+            return _run_worker(int(index), read, signals)
+        config = read(check_models=False)
+        if config.workers.processes > 1:  # the children load (and check) the models, not the parent
+            from daemon.supervisor import Supervisor
+
+            return Supervisor(config, [sys.executable, "-m", "daemon", *sys.argv[1:]], signals).run()
         Service(read(), signals, reread=lambda: read(check_models=False)).run()
     except ForcedExit as exc:
         logger.warning("%s", exc)
         return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _run_worker(index: int, read, signals) -> int:
+    """One worker process: the whole daemon under its derived identity, beating into its heartbeat."""
+    from pathlib import Path
+
+    from daemon.heartbeat import HEARTBEAT_ENV, Heartbeat
+    from daemon.service import Service
+    from daemon.supervisor import child_config
+
+    def derived(check_models: bool = True):
+        return child_config(read(check_models), index)
+
+    beat = Heartbeat(Path(os.environ[HEARTBEAT_ENV]), lambda: service.snapshot())
+    service = Service(derived(), signals, reread=lambda: derived(check_models=False), notifier=beat)
+    try:
+        service.run()
+    finally:
+        beat.final()
     return EXIT_OK
 
 

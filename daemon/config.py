@@ -118,6 +118,12 @@ class WorkersConfig:
     this is answered `overloaded` at once, instead of being served late."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long queued and in-flight work may take."""
+    processes: int = 1
+    """Worker processes, each a full daemon with its own MQTT connection (client id
+    `<client_id>-w<i>`) in the share group `mqtt.share_group` (default: the client id), so
+    they split the node's requests and use more than one core. A supervisor keeps the node's
+    status and summed stats and restarts a crashed or stuck process (docs/scaling-processes.md).
+    1: one process, no supervisor."""
 
     @property
     def queue_bytes(self) -> int:
@@ -333,6 +339,7 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
         queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
         max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
+        processes=r.get(m, "processes", p, int, d.processes, minimum=1),
     )
 
 

@@ -80,8 +80,9 @@ class Step:
 
 class Service:
     def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
-                 reread: Optional[Callable[[], Config]] = None):
-        """`reread` reads the config again for a reload (default: its source file, models unchecked)."""
+                 reread: Optional[Callable[[], Config]] = None, notifier: Optional[Notifier] = None):
+        """`reread` reads the config again for a reload (default: its source file, models unchecked).
+        `notifier`: a worker process's heartbeat (daemon/heartbeat.py) in place of systemd's."""
         self.config = config
         self._reread = reread or (lambda: load_config(config.source, check_models=False))
         self._metrics_served = False
@@ -96,7 +97,7 @@ class Service:
         self._link: Optional[MqttLink] = None
         self._started: list[Step] = []
         self._started_at = time.monotonic()
-        self._notifier = Notifier()
+        self._notifier = notifier or Notifier()
 
     def steps(self) -> list[Step]:
         return [

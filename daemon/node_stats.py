@@ -1,0 +1,70 @@
+"""The node's stats when `workers.processes` > 1: the children's stats (daemon/metrics.py
+`node_stats`, read from their heartbeats) summed into one object with the contract's keys.
+
+Counters (received, results, errors by code, counts, cache hits and misses, queue depth,
+busy threads, reconnects, outbox) are sums, including what restarted children counted
+before (their last heartbeat, so a SIGKILLed child's last second may be missing). Latency
+percentiles cannot be summed: `latency_ms` is the worst child's of each. `workers` says
+`processes`; `children` lists each child's received, results, restarts and ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+_SUMMED = ("received", "results", "reconnects")
+_CACHE_SUMMED = ("entries", "bytes", "hits", "disk_hits", "misses", "writes", "write_batches", "dropped_writes")
+_LATENCY_KEYS = ("p50", "p90", "p99", "max", "mean")
+
+
+def _add(into: dict, counts: Mapping[str, Any]) -> None:
+    for key, value in counts.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            into[key] = into.get(key, 0) + value
+
+
+def summed(children: Mapping[str, Mapping[str, Any]], uptime_s: float) -> dict:
+    """`children`: name -> {"stats": latest, "past": [earlier incarnations' last stats], "restarts", "ready"}."""
+    every = [s for c in children.values() for s in (c.get("stats") or {}, *c.get("past", ()))]
+    out: dict = {key: sum(s.get(key, 0) for s in every) for key in _SUMMED}
+    errors: dict = {}
+    counts: dict = {}
+    queue: dict = {}
+    outbox: dict = {}
+    for s in every:
+        _add(errors, s.get("errors", {}))
+        _add(counts, s.get("counts", {}))
+        _add(outbox, s.get("outbox", {}))
+    current = [c.get("stats") or {} for c in children.values()]
+    for s in current:
+        _add(queue, s.get("queue", {}))
+    out.update(errors=errors, counts=counts, cache=_cache(every), queue=queue, outbox=outbox,
+               latency_ms=_worst_latency(current), uptime_s=round(uptime_s, 1))
+    out["workers"] = {"processes": len(children), "threads": sum(s.get("workers", {}).get("threads", 0)
+                                                               for s in current),
+                      "busy": sum(s.get("workers", {}).get("busy", 0) for s in current)}
+    out["models"] = next((s["models"] for s in current if s.get("models")), {})
+    out["children"] = {name: {"received": (c.get("stats") or {}).get("received", 0),
+                              "results": (c.get("stats") or {}).get("results", 0),
+                              "restarts": c.get("restarts", 0), "ready": bool(c.get("ready"))}
+                       for name, c in children.items()}
+    return out
+
+
+def _cache(stats: Iterable[Mapping[str, Any]]) -> dict:
+    caches = [s["cache"] for s in stats if s.get("cache", {}).get("enabled", True) and "hits" in s.get("cache", {})]
+    if not caches:
+        return {"enabled": False}
+    out = {key: sum(c.get(key, 0) for c in caches) for key in _CACHE_SUMMED}
+    total = out["hits"] + out["disk_hits"] + out["misses"]
+    out["hit_rate"] = round((out["hits"] + out["disk_hits"]) / total, 4) if total else 0.0
+    return out
+
+
+def _worst_latency(stats: Iterable[Mapping[str, Any]]) -> dict:
+    worst: dict = {}
+    for s in stats:
+        for key, value in s.get("latency_ms", {}).items():
+            if key in _LATENCY_KEYS and isinstance(value, (int, float)):
+                worst[key] = max(worst.get(key, 0), value)
+    return worst
