@@ -74,3 +74,20 @@ def test_a_worker_process_failing_with_78_stops_the_node_with_78(tmp_path, broke
     daemon = start_daemon(config)
     assert daemon.proc.wait(WAIT_S) == 78, daemon.log()
     assert "stopping the node" in daemon.log()
+
+
+def test_sigterm_drains_every_worker_process_and_the_node_goes_offline(tmp_path, broker, start_daemon):
+    collector = Client(broker)
+    config = write_config(tmp_path, cache={"enabled": False}, workers={"processes": 2, "max": 1},
+                          batching={"max_batch": 1})
+    daemon = start_daemon(config, wait_online=collector)
+    collector.subscribe("results/s1/activity")
+    _burst(collector, "sensors/s1/imu", _payloads(N))
+    daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
+    assert daemon.stop() == 0, daemon.log()
+    collector.wait_payload(STATUS, b"offline")
+    shares = _child_received(daemon.log())
+    assert len(shares) == 2, daemon.log()  # both children drained and logged their final stats
+    answered = _wait_unique_ids(collector, "results/s1/activity", sum(shares.values()))
+    assert len({r["id"] for r in answered}) == sum(shares.values())  # each received request answered
+    collector.close()

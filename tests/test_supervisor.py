@@ -1,0 +1,74 @@
+"""The supervisor's decisions with a fake clock (no processes), the child's derived config,
+the heartbeat file, and the node's summed stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon import heartbeat
+from daemon.config import load_config
+from daemon.node_stats import summed
+from daemon.supervisor import Rules, child_config, child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_restart_backoff_doubles_to_its_cap_and_a_healthy_run_resets_the_streak():
+    rules = Rules(backoff_min_s=1.0, backoff_max_s=30.0, healthy_after_s=60.0)
+    failures, delays = 0, []
+    for _ in range(7):
+        failures = rules.failures_after(failures, ran_s=2.0)  # crashes right after each start
+        delays.append(rules.restart_delay(failures))
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert rules.restart_delay(rules.failures_after(failures, ran_s=61.0)) == 1.0
+
+
+def test_a_child_is_stuck_when_its_heartbeat_is_older_than_the_limit():
+    rules = Rules(stale_s=30.0, boot_s=120.0)
+    started = 1000.0
+    assert not rules.stuck(now=1100.0, started_at=started, beat_at=1075.0)  # beat 25 s ago
+    assert rules.stuck(now=1106.0, started_at=started, beat_at=1075.0)  # 31 s ago: killed
+    assert not rules.stuck(now=1119.0, started_at=started, beat_at=None)  # still booting
+    assert rules.stuck(now=1121.0, started_at=started, beat_at=None)  # never beat within boot_s
+    assert rules.stuck(now=1121.0, started_at=started, beat_at=900.0)  # the previous run's beat does not count
+
+
+def test_a_child_gets_its_own_id_outbox_and_the_node_share_group(tmp_path):
+    config = load_config(ROOT / "config.yaml", check_models=False)
+    child = child_config(config, 1)
+    assert child.mqtt.client_id == f"{config.mqtt.client_id}-w1"
+    assert child.mqtt.status_topic == f"edge-inferd/{config.mqtt.client_id}-w1/status"  # never the node's
+    assert child.mqtt.share_group == config.mqtt.client_id  # none configured: derived from the node id
+    assert child.mqtt.outbox.dir == config.mqtt.outbox.dir / "w1"
+    assert child.workers.processes == 1 and child.metrics.port is None
+    env = child_env(1, tmp_path / "w1.json", {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "1", "PATH": "/bin"})
+    assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env and env["PATH"] == "/bin"
+    assert env[heartbeat.INDEX_ENV] == "1"
+
+
+def test_the_heartbeat_is_written_only_while_progressing(tmp_path):
+    path = tmp_path / "w0.json"
+    beat = heartbeat.Heartbeat(path, lambda: {"received": 3})
+    beat.watchdog(False)
+    assert heartbeat.read(path) is None
+    beat.watchdog(True)
+    assert heartbeat.read(path)["ready"] is False
+    beat.ready("serving")
+    assert heartbeat.read(path) == {"ready": True, "pid": heartbeat.os.getpid(), "stats": {"received": 3}}
+
+
+def test_node_stats_sum_the_children_and_keep_what_a_restarted_child_counted():
+    def stats(n: int) -> dict:
+        return {"received": n, "results": n - 1, "errors": {"bad_payload": 1}, "counts": {"received": n},
+                "cache": {"hits": n, "disk_hits": 0, "misses": n}, "queue": {"depth": 2},
+                "workers": {"threads": 2, "busy": 1}, "latency_ms": {"p50": float(n), "p99": 2.0 * n},
+                "models": {"activity": {"loaded": True}}}
+    node = summed({"n-w0": {"stats": stats(10), "past": [stats(5)], "restarts": 1, "ready": True},
+                   "n-w1": {"stats": stats(20), "past": [], "restarts": 0, "ready": True}}, 12.0)
+    assert node["received"] == 35 and node["results"] == 32 and node["errors"] == {"bad_payload": 3}
+    assert node["cache"]["hit_rate"] == 0.5 and node["queue"] == {"depth": 4}
+    assert node["workers"] == {"processes": 2, "threads": 4, "busy": 2}
+    assert node["latency_ms"] == {"p50": 20.0, "p99": 40.0}  # the worst child's
+    assert node["children"]["n-w0"] == {"received": 10, "results": 9, "restarts": 1, "ready": True}
+    assert set(node) >= {"received", "results", "errors", "cache", "queue", "workers", "models", "latency_ms",
+                         "reconnects", "outbox", "uptime_s"}
