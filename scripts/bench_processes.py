@@ -1,0 +1,100 @@
+"""Drain capacity against `workers.processes`: requests/s to answer a burst, per P.
+
+For each P: a private mosquitto, `edge-inferd run` on config.yaml with the cache off and
+`workers.processes: P`; once the node is `online`, N activity requests are published at
+once (QoS 1) and the rate is N / (time from the first to the last reply).
+Run: python scripts/bench_processes.py --processes 1 2 --requests 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as paho
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from daemon.broker import Broker, end_process  # noqa: E402
+from daemon.config_reader import absolute_paths  # noqa: E402
+
+TIMEOUT_S = 300.0
+
+
+def _config(workdir: Path, processes: int) -> Path:
+    raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
+    raw["cache"] = {"enabled": False, "dir": str(workdir / "cache")}
+    raw["mqtt"] = {**raw["mqtt"], "client_id": "bench", "session_expiry_s": 0 if processes == 1 else 3600}
+    raw["mqtt"]["outbox"] = {"dir": str(workdir / "outbox")}
+    raw["workers"] = {**raw["workers"], "processes": processes}
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _payloads(n: int) -> list[bytes]:
+    with np.load(ROOT / "models/activity/test.npz") as data:
+        x = data["x"]
+    return [json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode() for i in range(n)]
+
+
+def measure(processes: int, payloads: list[bytes]) -> float:
+    with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
+        cond, times, seen = threading.Condition(), [], set()
+        c = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+
+        def on_message(client, userdata, msg):
+            with cond:
+                if msg.topic.endswith("/status"):
+                    seen.add(msg.payload)
+                elif json.loads(msg.payload)["id"] not in seen:
+                    seen.add(json.loads(msg.payload)["id"])
+                    times.append(time.monotonic())
+                cond.notify_all()
+        c.on_message = on_message
+        c.connect("127.0.0.1", broker.port)
+        c.subscribe([("edge-inferd/bench/status", 1), ("results/b/activity", 1)])
+        c.loop_start()
+        log = open(Path(tmp) / "daemon.log", "wb")
+        config = _config(Path(tmp), processes)
+        daemon = subprocess.Popen([sys.executable, "-m", "daemon", "run", "--config", str(config),
+                                   "--broker", broker.address], stdout=log, stderr=log, cwd=ROOT,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        with cond:
+            assert cond.wait_for(lambda: b"online" in seen, TIMEOUT_S), "node not online"
+        for info in [c.publish("sensors/b/imu", p, qos=1) for p in payloads]:
+            info.wait_for_publish(TIMEOUT_S)
+        with cond:
+            assert cond.wait_for(lambda: len(times) >= len(payloads), TIMEOUT_S), f"{len(times)} answered"
+        end_process(daemon, signal.SIGTERM, 60)
+        c.disconnect()
+        c.loop_stop()
+        return (len(times) - 1) / (times[-1] - times[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    payloads = _payloads(args.requests)
+    for p in args.processes:
+        rates = [measure(p, payloads) for _ in range(args.repeat)]
+        print(json.dumps({"processes": p, "cpus": os.cpu_count(), "requests": args.requests,
+                          "drain_req_per_s": [round(r) for r in rates]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
