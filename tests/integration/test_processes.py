@@ -49,13 +49,19 @@ def test_two_processes_split_a_stream_each_request_answered_once(tmp_path, broke
     collector.close()
 
 
-def test_a_killed_worker_process_is_restarted_and_its_requests_redelivered(tmp_path, broker, start_daemon):
+def _two_processes_with_a_burst(tmp_path, broker, start_daemon):
+    """A node of two single-thread, batch-1 worker processes (a burst takes a while), sent N requests."""
     collector = Client(broker)
     config = write_config(tmp_path, cache={"enabled": False}, workers={"processes": 2, "max": 1},
                           batching={"max_batch": 1})
     daemon = start_daemon(config, wait_online=collector)
     collector.subscribe("results/s1/activity")
     _burst(collector, "sensors/s1/imu", _payloads(N))
+    return collector, daemon
+
+
+def test_a_killed_worker_process_is_restarted_and_its_requests_redelivered(tmp_path, broker, start_daemon):
+    collector, daemon = _two_processes_with_a_burst(tmp_path, broker, start_daemon)
     with collector.cond:  # mid-stream: some replies out, most requests still to serve
         collector.cond.wait_for(lambda: len(collector.on("results/s1/activity")) >= N // 10, WAIT_S)
     os.kill(_child_pids(daemon.log())["0"], signal.SIGKILL)
@@ -77,12 +83,7 @@ def test_a_worker_process_failing_with_78_stops_the_node_with_78(tmp_path, broke
 
 
 def test_sigterm_drains_every_worker_process_and_the_node_goes_offline(tmp_path, broker, start_daemon):
-    collector = Client(broker)
-    config = write_config(tmp_path, cache={"enabled": False}, workers={"processes": 2, "max": 1},
-                          batching={"max_batch": 1})
-    daemon = start_daemon(config, wait_online=collector)
-    collector.subscribe("results/s1/activity")
-    _burst(collector, "sensors/s1/imu", _payloads(N))
+    collector, daemon = _two_processes_with_a_burst(tmp_path, broker, start_daemon)
     daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
     assert daemon.stop() == 0, daemon.log()
     collector.wait_payload(STATUS, b"offline")
