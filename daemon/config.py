@@ -122,7 +122,7 @@ class WorkersConfig:
     """Worker processes, each a full daemon with its own MQTT connection (client id
     `<client_id>-w<i>`) in the share group `mqtt.share_group` (default: the client id), so
     they split the node's requests and use more than one core. A supervisor keeps the node's
-    status and summed stats and restarts a crashed or stuck process (docs/scaling-processes.md).
+    status and summed stats and restarts a crashed or stuck process (docs/scaling.md).
     1: one process, no supervisor."""
 
     @property

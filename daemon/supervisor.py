@@ -5,7 +5,7 @@ the environment: daemon/heartbeat.py) with its own MQTT connection: client id
 `<client_id>-w<i>`, a persistent session, and every route in the share group
 `mqtt.share_group` (or, unset, the node's client id), so the broker splits the node's
 requests between them. A child restarted under its id resumes its session: the requests
-it held unacked are redelivered to it (docs/scaling-processes.md).
+it held unacked are redelivered to it (docs/scaling.md).
 
 The parent loads no model. It holds the node's own MQTT connection: `online` on
 `edge-inferd/<client_id>/status` once every child serves, the LWT `offline`, and the

@@ -1,4 +1,4 @@
-"""What mosquitto does with a dead share-group member's messages (docs/scaling-processes.md).
+"""What mosquitto does with a dead share-group member's messages (docs/scaling.md).
 
 Two persistent-session v5 clients A and B share `$share/g/probe/t` (QoS 1, manual ack).
 A receives its share of a first burst and acks none of it, then dies (its socket is closed
