@@ -124,6 +124,10 @@ class WorkersConfig:
     they split the node's requests and use more than one core. A supervisor keeps the node's
     status and summed stats and restarts a crashed or stuck process (docs/scaling.md).
     1: one process, no supervisor."""
+    idle_unload_s: float = 0.0
+    """A model that has run no inference for this long is unloaded from every worker (its
+    interpreters freed, the memory given back); the next request for it loads it again on
+    its worker. 0: never unload."""
 
     @property
     def queue_bytes(self) -> int:
@@ -340,6 +344,7 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
         max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
         processes=r.get(m, "processes", p, int, d.processes, minimum=1),
+        idle_unload_s=r.get(m, "idle_unload_s", p, (int, float), d.idle_unload_s, minimum=0),
     )
 
 
