@@ -20,9 +20,11 @@ class _Cache(Protocol):
 
 def node_stats(stats: dict, uptime_s: float, models: Mapping[str, str], workers: int,
                queue: Optional[dict] = None, cache: Optional[_Cache] = None,
-               reconnects: int = 0, outbox: Optional[dict] = None, scaling: Optional[dict] = None) -> dict:
+               reconnects: int = 0, outbox: Optional[dict] = None, scaling: Optional[dict] = None,
+               residency: Optional[Mapping[str, dict]] = None) -> dict:
     """`stats` is `Stats.snapshot()`; `models` maps each model name to its sha256; `workers` is the
-    worker threads running now and `scaling` their bounds and scale-up/down counts (WorkerPool.scaling)."""
+    worker threads running now and `scaling` their bounds and scale-up/down counts (WorkerPool.scaling);
+    `residency` (daemon/residency.py) adds `loaded`, `cold_starts` and `cold_start_ms` by model name."""
     counts = dict(stats.get("counts", {}))
     errors = {name[len(ERROR_PREFIX):]: n for name, n in counts.items() if name.startswith(ERROR_PREFIX)}
     latency = dict(stats.get("latency_ms", {}))
@@ -36,7 +38,8 @@ def node_stats(stats: dict, uptime_s: float, models: Mapping[str, str], workers:
         "queue": queue or {},
         "workers": {"threads": workers, "busy": (queue or {}).get("busy", 0), **(scaling or {})},
         "batch_size": stats.get("batch_size", {}),
-        "models": {name: {"loaded": True, "sha256": sha[:12]} for name, sha in models.items()},
+        "models": {name: {"loaded": True, "sha256": sha[:12], **(residency or {}).get(name, {})}
+                   for name, sha in models.items()},
         "latency_ms": latency,
         "reconnects": reconnects,
         "outbox": outbox or {},

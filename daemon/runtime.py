@@ -134,6 +134,14 @@ class TensorSpec:
         return dequantize(q, self.scale, self.zero_point) if self.quantized else q.astype(np.float32)
 
 
+def to_input(spec: TensorSpec, batch: np.ndarray) -> np.ndarray:
+    """float32 (N, *sample shape) -> the input tensor `spec` describes (its batch dimension aside)."""
+    batch = np.asarray(batch, dtype=np.float32)
+    if batch.shape[1:] != spec.shape[1:]:
+        raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {spec.shape[1:]}")
+    return spec.to_model(batch)
+
+
 def _read_model(path: Path) -> bytes:
     """The model file's bytes, after the checks that need no interpreter."""
     try:
@@ -231,10 +239,7 @@ class Model:
 
     def quantize(self, batch: np.ndarray) -> np.ndarray:
         """float32 (N, *sample_shape) in model units -> the model's input tensor (INT8)."""
-        batch = np.asarray(batch, dtype=np.float32)
-        if batch.shape[1:] != self.sample_shape:
-            raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {self.sample_shape}")
-        return self.input.to_model(batch)
+        return to_input(self.input, batch)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""

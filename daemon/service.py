@@ -22,6 +22,7 @@ import signal
 import sqlite3
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 from daemon import codecs, metrics, reload
@@ -34,6 +35,7 @@ from daemon.notify import Notifier
 from daemon.outbox import Outbox
 from daemon.signals import ForcedExit, SignalQueue  # noqa: F401 - ForcedExit is re-exported for cli
 from daemon.pipeline import RoutePipeline
+from daemon.residency import ModelInfo, Residency
 from daemon.runtime import Model
 from daemon.stats import Stats
 
@@ -55,6 +57,8 @@ OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 RECEIVE_MAXIMUM_CAP = 1024
 # The smallest request we expect, for turning the byte budget into a message count.
 SMALL_REQUEST_BYTES = 1024
+# The main loop looks for idle models at least this far apart (a copy busy past its idle time).
+IDLE_CHECK_MIN_S = 0.05
 
 
 def receive_maximum(workers: WorkersConfig) -> int:
@@ -91,7 +95,8 @@ class Service:
         self.stats = Stats()
         self.signals = signals or SignalQueue()
         self._stopping = False
-        self._models: dict[str, Model] = {}
+        self._models: dict[str, ModelInfo] = {}  # the reference copies' digests; their interpreters are freed
+        self._residency = Residency(lambda: self.config.workers.idle_unload_s)
         self._cache: Optional[ResultCache] = None
         self._dispatcher: Optional[Dispatcher] = None
         self._link: Optional[MqttLink] = None
@@ -139,6 +144,7 @@ class Service:
                     last_log = now
                     logger.info("%s", metrics.summary_line(snapshot))
                     logger.debug("stats %s", codecs.encode(snapshot).decode())
+            self._residency.unload_idle()
             if self.signals.wait(self._tick()):
                 self._handle_signals()
             if self._stopping:
@@ -149,6 +155,9 @@ class Service:
         tick = self.config.stats_interval_s
         if self._notifier.watchdog_interval_s:
             tick = min(tick, self._notifier.watchdog_interval_s / WATCHDOG_CHECKS_PER_PING)
+        due = self._residency.due_in()
+        if due is not None:  # wake when the next model may go idle (not before: a copy in use is skipped)
+            tick = min(tick, max(due, IDLE_CHECK_MIN_S))
         return tick if self._link.online.is_set() else min(tick, READY_POLL_S)
 
     def _progressing(self) -> bool:
@@ -196,7 +205,8 @@ class Service:
                                   {name: m.sha256 for name, m in self._models.items()},
                                   pool.size if pool else self.config.workers.max,
                                   self._queue_state(), self._cache, link.reconnects if link else 0,
-                                  link.outbox_state() if link else {}, pool.scaling() if pool else None)
+                                  link.outbox_state() if link else {}, pool.scaling() if pool else None,
+                                  self._residency.state())
 
     def _queue_state(self) -> Optional[dict]:
         if self._dispatcher is None:
@@ -291,7 +301,7 @@ class Service:
                 continue
             model = open_model(self.config, name, max_batch=1, sha256=self._pins.get(name))
             model.warm_up()
-            models[name] = model
+            models[name] = ModelInfo(model.sha256, model.sample_shape)  # the interpreter goes: workers have theirs
             self._fingerprints[name] = (model.sha256, reload.file_sha256(mc.labels))
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
                         model.sha256[:12], list(model.input.shape))
@@ -300,9 +310,8 @@ class Service:
     def _worker_models(self, index: int) -> WorkerModels:
         models = {}
         for name, reference in self._models.items():
-            model = open_model(self.config, name, sha256=reference.sha256)
-            model.warm_up()
-            models[name] = model
+            load = partial(_warm_model, self.config, name, reference.sha256)
+            models[name] = self._residency.copy(name, load(), load)  # loaded again after an idle unload
         return models
 
     def _pipelines(self) -> list[RoutePipeline]:
@@ -352,6 +361,13 @@ class Service:
 
     def _disconnect(self) -> None:
         self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)
+
+
+def _warm_model(config: Config, name: str, sha256: str) -> Model:
+    """One worker's copy of a model, pinned to the digest loaded at start, its arenas grown."""
+    model = open_model(config, name, sha256=sha256)
+    model.warm_up()
+    return model
 
 
 def _ignored(change: "reload.Plan") -> str:

@@ -87,4 +87,5 @@ def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
     for key in ("received", "results", "errors", "workers", "models", "latency_ms", "reconnects", "outbox",
                 "uptime_s", "batch_size"):
         assert key in snapshot, key
-    assert snapshot["models"]["activity"] == {"loaded": True, "sha256": service._models["activity"].sha256[:12]}
+    assert snapshot["models"]["activity"] == {"loaded": True, "sha256": service._models["activity"].sha256[:12],
+                                              "cold_starts": 0, "cold_start_ms": None}
