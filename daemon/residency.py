@@ -174,7 +174,7 @@ class Residency:
             gc.collect()  # interpreter wrappers may sit in reference cycles
             self._give_back()
             for name in freed:
-                logger.info("model %s: idle for %.0fs, unloaded", name, self.clock.idle_s)
+                logger.info("model %s: idle for %gs, unloaded", name, self.clock.idle_s)
         return freed
 
     def due_in(self) -> Optional[float]:
