@@ -40,9 +40,10 @@ def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
 class StatsCollector:
     """Turns Stats (and the queue gauges) into metric families on every scrape."""
 
-    def __init__(self, stats: Stats, queue: Callable[[], dict]):
+    def __init__(self, stats: Stats, queue: Callable[[], dict], models: Callable[[], dict] = dict):
         self._stats = stats
         self._queue = queue
+        self._models = models  # daemon/residency.py Residency.state(): loaded, cold starts by model
 
     def collect(self) -> Iterator:
         h = self._stats.histograms()
@@ -63,12 +64,25 @@ class StatsCollector:
             gauge = GaugeMetricFamily(f"{PREFIX}_queue_{key}", doc)
             gauge.add_metric([], queue.get(key, 0))
             yield gauge
+        yield from self._residency()
+
+    def _residency(self) -> Iterator:
+        loaded = GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 while any worker holds the model's "
+                                   "interpreters, 0 once unloaded after workers.idle_unload_s", labels=["model"])
+        cold = CounterMetricFamily(f"{PREFIX}_model_cold_starts", "Loads of a model after an idle unload",
+                                   labels=["model"])
+        for name, state in sorted(self._models().items()):
+            loaded.add_metric([name], 1 if state["loaded"] else 0)
+            cold.add_metric([name], state["cold_starts"])
+        yield loaded
+        yield cold
 
 
 
-def serve(port: int, address: str, stats: Stats, queue: Callable[[], dict]) -> None:
+def serve(port: int, address: str, stats: Stats, queue: Callable[[], dict],
+          models: Callable[[], dict] = dict) -> None:
     """Start the endpoint on its own daemon thread (prometheus_client's HTTP server)."""
     registry = CollectorRegistry()
-    registry.register(StatsCollector(stats, queue))
+    registry.register(StatsCollector(stats, queue, models))
     start_http_server(port, addr=address, registry=registry)
     logger.info("Prometheus metrics on http://%s:%d/metrics", address, port)

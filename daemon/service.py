@@ -221,7 +221,7 @@ class Service:
             from daemon import prometheus  # optional: only a configured endpoint needs prometheus-client
 
             prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
-                             lambda: self._queue_state() or {})
+                             lambda: self._queue_state() or {}, self._residency.state)
 
     def _handle_signals(self) -> None:
         """The main loop's side of the signal queue: TERM and INT stop, HUP reloads."""

@@ -147,7 +147,7 @@ def main() -> None:
     report = {}
     for model in ("activity", "appliance"):
         report[model] = {**measure_arena(model, args.workers), **measure_daemon(model, args.idle_s, args.workers)}
-        report[model]["fall_covers_arena"] = report[model]["rss_fall_kib"] >= report[model]["arena_kib"]
+        report[model]["fall_share_of_arena"] = round(report[model]["rss_fall_kib"] / report[model]["arena_kib"], 3)
     print(json.dumps({"idle_unload_s": args.idle_s, "workers": args.workers, "models": report}, indent=2))
 
 

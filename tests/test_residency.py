@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from daemon.residency import IdleClock, Residency
 from daemon.runtime import Model
@@ -115,3 +116,15 @@ def test_every_workers_copy_is_freed_and_a_dropped_copy_leaves_the_stats():
     del copies
     gc.collect()
     assert residency.state() == {}  # a retired worker's copies go with it
+
+
+def test_the_prometheus_exporter_shows_loaded_and_cold_starts_by_model():
+    pytest.importorskip("prometheus_client")
+    from daemon.prometheus import StatsCollector
+    from daemon.stats import Stats
+
+    state = {"activity": {"loaded": False, "cold_starts": 2, "cold_start_ms": 1.5}}
+    families = {f.name: f for f in StatsCollector(Stats(), dict, lambda: state).collect()}
+    loaded = families["edge_inferd_model_loaded"].samples[0]
+    assert loaded.labels == {"model": "activity"} and loaded.value == 0
+    assert families["edge_inferd_model_cold_starts"].samples[0].value == 2

@@ -267,6 +267,7 @@ def test_prometheus_endpoint_counts_requests_by_route_and_outcome(tmp_path, clie
     assert "edge_inferd_request_duration_seconds_count 1.0" in text
     assert 'edge_inferd_stage_seconds_bucket{le="+Inf",stage="queue"}' in text
     assert "edge_inferd_queue_depth 0.0" in text
+    assert 'edge_inferd_model_loaded{model="activity"} 1.0' in text
 
 
 def test_status_command_prints_the_node_as_a_table(tmp_path, broker, client, start_daemon):
