@@ -12,7 +12,7 @@ and never reaches "between batches". The copy's lock keeps the two apart: the ma
 only try-acquires it, so it never waits on an invoke, and a copy in use is never freed
 (interpreters are not thread-safe, but used one thread at a time under a lock they are
 safe). Freed interpreters go back to glibc, which keeps the pages; `malloc_trim(0)` returns
-them to the system (docs/scaling-zero.md measures the difference).
+them to the system (docs/scaling.md measures the difference).
 
 The idle decision is pure and clock-injected (`IdleClock`), tested with a fake clock.
 """
