@@ -122,7 +122,9 @@ class Service:
             if self.signals.stop_requested:
                 logger.info("stop requested during start-up")
                 return
-            logger.info("serving %d route(s) with %d worker(s)", len(self.config.routes), self.config.workers.max)
+            workers = self.config.workers
+            logger.info("serving %d route(s) with %s worker(s)", len(self.config.routes),
+                        workers.max if workers.min >= workers.max else f"{workers.min}-{workers.max}")
             self._main_loop()
         finally:
             self.shutdown()
