@@ -21,6 +21,7 @@ from daemon.config_check import cross_check, open_model, read_labels  # noqa: F4
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
 from daemon.config_reader import Reader, load_yaml
 from daemon.errors import ConfigError
+from daemon.rate import COALESCE_CHOICES
 from daemon.runtime import RUNTIME_CHOICES
 
 _MIB = 1 << 20
@@ -80,6 +81,12 @@ class RouteConfig:
     """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
     min_accuracy: float = field(default=0.0, metadata={"yaml": "validate.min_accuracy"})
     """The gate: top-1 accuracy on `validate.data` at least this."""
+    min_interval_ms: float = 0.0
+    """Per device (= request topic): a request sooner than this after the device's last admitted
+    one is answered `rate_limited` at once, without inference. 0: no limit."""
+    coalesce: Optional[str] = None
+    """`latest`: of a device's queued requests only the newest is served; each older one is
+    answered `superseded`. null: every request is served."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +248,8 @@ def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...
 
 def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
     p = f"routes[{i}]"
-    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate"),
+    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
+                                      "min_interval_ms", "coalesce"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -266,6 +274,8 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         publish=publish,
         validate_data=None if data is None else base / data,
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
+        min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
+        coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
     )
 
 

@@ -23,9 +23,10 @@ from daemon import codecs, pipeline, topics
 from daemon.admission import Admission, Refusal, Ticket
 from daemon.autoscale import Autoscaler
 from daemon.config import BatchingConfig, WorkersConfig
-from daemon.errors import INTERNAL
+from daemon.errors import INTERNAL, RATE_LIMITED, SUPERSEDED
 from daemon.mqtt import Inbound
 from daemon.pipeline import Outcome, Request, RoutePipeline, ScoreCache
+from daemon.rate import COALESCE_LATEST, DeviceRate
 from daemon.runtime import Model
 from daemon.stats import RESULT, Stats, ThrottledLog
 from daemon.workers import WorkerPool
@@ -50,6 +51,7 @@ class Job:
     inbound: Inbound
     reply_topic: str
     ticket: Ticket
+    seq: int = 0  # coalesce: its place among its device's jobs (daemon/rate.py); 0 never superseded
 
 
 WorkerModels = Mapping[str, Model]  # one worker's private interpreters, by model name
@@ -86,6 +88,7 @@ class Dispatcher:
         self._transport: Optional[Transport] = None
         self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
         self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
+        self.rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
         self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.max,
                                    batching.max_batch, clock)
         pipes_by_name = {p.route.name: p for p in self._pipes}
@@ -133,11 +136,20 @@ class Dispatcher:
             self._ack(inbound)
             return
         pipe, reply_topic = found
-        verdict = self.admission.admit(pipe.route.name, len(inbound.payload), inbound.deadline)
+        route = pipe.route
+        if self.rate.too_soon(inbound.topic, route.min_interval_ms, self._clock()):
+            self._shed(pipe, inbound, reply_topic, Refusal(
+                RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"))
+            return
+        verdict = self.admission.admit(route.name, len(inbound.payload), inbound.deadline)
         if isinstance(verdict, Refusal):
             self._shed(pipe, inbound, reply_topic, verdict)
-        elif not self._pool.submit(Job(pipe, inbound, reply_topic, verdict)):
+            return
+        coalesce = route.coalesce == COALESCE_LATEST
+        seq = self.rate.admitted(inbound.topic, self._clock(), coalesce) if coalesce or route.min_interval_ms else 0
+        if not self._pool.submit(Job(pipe, inbound, reply_topic, verdict, seq)):
             self.admission.release(verdict)  # stopping: leave it unacked for redelivery
+            self.rate.withdraw(inbound.topic, seq)
 
     def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
         request_id = codecs.scan_id(inbound.payload, pipe.route.input)
@@ -163,14 +175,30 @@ class Dispatcher:
         """Worker thread: a batch of jobs -> per route, the pure pipeline, then one reply each."""
         now = self._clock()
         groups: dict[str, list[Job]] = {}
+        stale = []
         for job in jobs:
             self.admission.release(job.ticket)
-            groups.setdefault(job.pipe.route.name, []).append(job)
+            if self.rate.superseded(job.inbound.topic, job.seq):
+                stale.append(job)
+            else:
+                groups.setdefault(job.pipe.route.name, []).append(job)
         self._stats.observe_stages("queue", [now - job.inbound.received_at for job in jobs])
+        if stale:
+            self._supersede(stale)
         self._stats.observe_batch(len(jobs))
         for group in groups.values():
             pipe = context.pipes[group[0].pipe.route.name]  # a job queued before a reload runs on the new
             self._process_group(context.models[pipe.route.model], pipe, group)
+
+    def _supersede(self, jobs: list[Job]) -> None:
+        """coalesce: latest: answer the jobs a newer one of the same device replaces, unrun."""
+        tally = _Tally()
+        with self._transport.batch() if self._transport is not None else nullcontext():
+            for job in jobs:
+                request_id = codecs.scan_id(job.inbound.payload, job.pipe.route.input)
+                reply = job.pipe.error(request_id, SUPERSEDED, "a newer request from this device is queued")
+                self._send(job.inbound, job.reply_topic, reply, tally)
+        self._stats.record(tally.counts, (), tally.outcomes)
 
     def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> None:
         started = self._clock()

@@ -11,7 +11,9 @@ TOO_LARGE = "too_large"
 EXPIRED = "expired"
 OVERLOADED = "overloaded"
 INTERNAL = "internal"
-ERROR_CODES = (BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, EXPIRED, OVERLOADED, INTERNAL)
+SUPERSEDED = "superseded"  # coalesce: latest, a newer request of the same device was queued
+RATE_LIMITED = "rate_limited"  # min_interval_ms: the device sent again too soon
+ERROR_CODES = (BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, EXPIRED, OVERLOADED, INTERNAL, SUPERSEDED, RATE_LIMITED)
 
 
 class DaemonError(Exception):

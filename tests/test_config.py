@@ -207,3 +207,18 @@ def test_adaptive_workers_keys_and_min_above_max(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert list(err.value.errors) == [f"workers.min: must be at most workers.max (2), got 3 (line {line})"]
+
+
+def test_rate_keys_are_read_and_checked(tmp_path):
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    output = "    output: {top_k: 3}"
+    good = text.replace(output, f"    min_interval_ms: 250\n    coalesce: latest\n{output}", 1)
+    (tmp_path / "good.yaml").write_text(good)
+    route = load_config(tmp_path / "good.yaml").routes[0]
+    assert (route.min_interval_ms, route.coalesce) == (250.0, "latest")
+    bad = text.replace(output, f"    min_interval_ms: -1\n    coalesce: oldest\n{output}", 1)
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "bad.yaml")
+    assert "routes[0].min_interval_ms: must be >= 0" in str(err.value)
+    assert "routes[0].coalesce: must be one of latest" in str(err.value)
