@@ -61,6 +61,21 @@ class InputConfig:
     """Larger payloads are answered `too_large` before any decoding."""
 
 
+DEFAULT_REUSE_DEVICES = 10_000
+
+
+@dataclass(frozen=True)
+class ReuseConfig:
+    max_change: float = field(default=0.0, metadata={"doc_default": "required"})
+    """Largest absolute difference, element by element, between a device's input and the input of
+    its last inferred request for that result to be reused; in the model's float input units (after
+    `preprocess`, before INT8 quantization)."""
+    max_age_s: float = field(default=0.0, metadata={"doc_default": "required"})
+    """A result older than this (seconds since its inference) is never reused."""
+    devices: int = DEFAULT_REUSE_DEVICES
+    """Devices (request topics) remembered at most, least recently seen forgotten first."""
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
@@ -87,6 +102,8 @@ class RouteConfig:
     coalesce: Optional[str] = None
     """`latest`: of a device's queued requests only the newest is served; each older one is
     answered `superseded`. null: every request is served."""
+    reuse: Optional[ReuseConfig] = None
+    """Per-device fast path (`routes[].reuse` below): off when absent."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +266,7 @@ def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...
 def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
     p = f"routes[{i}]"
     m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
-                                      "min_interval_ms", "coalesce"),
+                                      "min_interval_ms", "coalesce", "reuse"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -276,6 +293,18 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
         min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
+        reuse=_read_reuse(r, m, p),
+    )
+
+
+def _read_reuse(r: Reader, m: Mapping, p: str) -> Optional[ReuseConfig]:
+    if "reuse" not in m:
+        return None
+    s = r.section(m, "reuse", ReuseConfig, path=f"{p}.reuse")
+    return ReuseConfig(
+        max_change=r.get(s, "max_change", f"{p}.reuse", float, 0.0, minimum=0, required=True),
+        max_age_s=r.get(s, "max_age_s", f"{p}.reuse", float, 0.0, minimum=0, required=True),
+        devices=r.get(s, "devices", f"{p}.reuse", int, DEFAULT_REUSE_DEVICES, minimum=1),
     )
 
 

@@ -27,6 +27,7 @@ from daemon.errors import INTERNAL, RATE_LIMITED, SUPERSEDED
 from daemon.mqtt import Inbound
 from daemon.pipeline import Outcome, Request, RoutePipeline, ScoreCache
 from daemon.rate import COALESCE_LATEST, DeviceRate
+from daemon.reuse import DeviceReuse
 from daemon.runtime import Model
 from daemon.stats import RESULT, Stats, ThrottledLog
 from daemon.workers import WorkerPool
@@ -89,6 +90,8 @@ class Dispatcher:
         self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
         self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
         self.rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
+        # Per-device fast path, by route name; kept across reloads (entries name their model digest).
+        self._reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in self._pipes if p.route.reuse is not None}
         self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.max,
                                    batching.max_batch, clock)
         pipes_by_name = {p.route.name: p for p in self._pipes}
@@ -107,6 +110,10 @@ class Dispatcher:
     @property
     def pool(self) -> WorkerPool:
         return self._pool
+
+    def reuse_snapshot(self) -> dict:
+        """{route: {devices, hits, misses}} for the routes with `reuse` configured."""
+        return {name: state.snapshot() for name, state in self._reuse.items()}
 
     def attach(self, transport: Transport) -> None:
         self._transport = transport
@@ -218,9 +225,11 @@ class Dispatcher:
             self._cache.put_many(outcome.fresh)  # after the replies: never on the reply path
 
     def _run_pipeline(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> Outcome:
-        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic)
+                    for j in group]
         try:
-            return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock)
+            return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock,
+                                         self._reuse.get(pipe.route.name))
         except Exception:  # a model or cache bug: isolate the request that causes it
             if len(group) == 1:
                 return Outcome([self._internal(group[0], sys.exc_info()[1])])

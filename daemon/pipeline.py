@@ -44,12 +44,23 @@ class ScoreCache(Protocol):
     def put_many(self, items: Sequence[CacheEntry]) -> None: ...
 
 
+class ReuseState(Protocol):
+    """A route's per-device fast path (daemon.reuse.DeviceReuse), on preprocessed float rows."""
+
+    def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
+              now: float) -> list[Optional[np.ndarray]]: ...
+    def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
+                 model_sha256: str, received_at: Sequence[float], now: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class Request:
     payload: bytes
     received_at: float
     deadline: Optional[float] = None
     """From the transport (an MQTT v5 message expiry), same clock; `timeout_ms` can tighten it."""
+    device: Optional[str] = None
+    """The request topic: the device whose last input the reuse fast path compares with."""
 
 
 @dataclass
@@ -81,13 +92,13 @@ class RoutePipeline:
         return preprocess.apply_steps(self.route.preprocess, batch)
 
     def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,
-                    order: Optional[np.ndarray] = None) -> dict:
+                    order: Optional[np.ndarray] = None, reused: Optional[bool] = None) -> dict:
         """One score vector (and its descending order, when the caller sorted a batch) -> a result."""
         if order is None:
             order = np.argsort(-scores, kind="stable")
         top = order[: self.route.top_k]
         best = int(order[0])
-        return {
+        reply = {
             "id": request_id,
             "route": self.route.name,
             "model": self.route.model,
@@ -99,13 +110,16 @@ class RoutePipeline:
             "cached": cached,
             "latency_ms": round(latency_ms, 3),
         }
+        if reused is not None:  # only on routes with `reuse` configured
+            reply["reused"] = reused
+        return reply
 
     def error(self, request_id: Any, code: str, message: str) -> dict:
         return codecs.error_reply(request_id, self.route.name, code, message)
 
 
 def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
-                 cache: Optional[ScoreCache], clock: Clock) -> Outcome:
+                 cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None) -> Outcome:
     """Requests of one route -> one reply each. Errors other than PayloadError propagate."""
     stages: dict[str, float] = {}
     started = clock()
@@ -122,18 +136,49 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
     decoded = [(i, d) for i, d in live if replies[i] is None]
     fresh: list[CacheEntry] = []
     if decoded:
-        q = model.quantize(pipe.preprocess(x))
-        mark = clock()
-        stages["preprocess"] = mark - now
-        scores, cached, fresh = _scores(pipe, q, model, cache)
+        rows = [requests[i] for i, _ in decoded]
+        scores, cached, reused, fresh = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
         now = clock()
-        stages["infer"] = now - mark
         orders = np.argsort(-scores, axis=1, kind="stable")  # one sort for the batch, not one per reply
         for row, (i, d) in enumerate(decoded):
             replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
-                                          (now - requests[i].received_at) * 1000.0, orders[row])
+                                          (now - requests[i].received_at) * 1000.0, orders[row],
+                                          None if reuse is None else reused[row])
         stages["postprocess"] = clock() - now
     return Outcome(replies, fresh, stages)
+
+
+def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
+          reuse: Optional[ReuseState], clock: Clock,
+          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+    """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
+    mark = clock()
+    x = pipe.preprocess(x)
+    devices = [r.device for r in rows]
+    found = [None] * len(rows) if reuse is None else reuse.match(devices, x, pipe.model_sha256, mark)
+    todo = [row for row, hit in enumerate(found) if hit is None]
+    if len(todo) == len(rows):  # the usual case: no reuse, no gather or scatter
+        q = model.quantize(x)
+        stages["preprocess"] = clock() - mark
+        scores, cached, fresh = _scores(pipe, q, model, cache)
+    else:
+        q = model.quantize(x[todo]) if todo else None
+        stages["preprocess"] = clock() - mark
+        scores, cached = np.empty((len(rows), model.num_outputs), dtype=np.float32), [False] * len(rows)
+        fresh = []
+        if q is not None:
+            scores[todo], hits, fresh = _scores(pipe, q, model, cache)
+            for row, hit in zip(todo, hits):
+                cached[row] = hit
+        for row, hit in enumerate(found):
+            if hit is not None:
+                scores[row] = hit
+    now = clock()
+    stages["infer"] = now - mark - stages["preprocess"]
+    if reuse is not None and todo:
+        reuse.remember([devices[r] for r in todo], x[todo], scores[todo], pipe.model_sha256,
+                       [rows[r].received_at for r in todo], now)
+    return scores, cached, [hit is not None for hit in found], fresh
 
 
 def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], replies: list) -> np.ndarray:

@@ -203,12 +203,16 @@ class Service:
     def snapshot(self) -> dict:
         """The node's stats (daemon/metrics.py): counters, cache hit rate, queue, models, latency."""
         link, pool = self._link, self._dispatcher.pool if self._dispatcher else None
-        return metrics.node_stats(self.stats.snapshot(), time.monotonic() - self._started_at,
+        stats = metrics.node_stats(self.stats.snapshot(), time.monotonic() - self._started_at,
                                   {name: m.sha256 for name, m in self._models.items()},
                                   pool.size if pool else self.config.workers.max,
                                   self._queue_state(), self._cache, link.reconnects if link else 0,
                                   link.outbox_state() if link else {}, pool.scaling() if pool else None,
                                   self._residency.state())
+        reuse = self._dispatcher.reuse_snapshot() if self._dispatcher else {}
+        if reuse:  # routes with the per-device fast path (daemon/reuse.py): devices, hits, misses
+            stats["reuse"] = reuse
+        return stats
 
     def _queue_state(self) -> Optional[dict]:
         if self._dispatcher is None:

@@ -127,6 +127,10 @@ SECTIONS = (
     Section("routes[]", config.RouteConfig, "routes", "A list: each route maps a topic filter to a model. Its "
             "`input` section (required) is described under `routes[].input`."),
     Section("routes[].input", config.InputConfig, None, "See Input formats below."),
+    Section("routes[].reuse", config.ReuseConfig, None, "Optional. A device (a request topic) whose input, in the "
+            "model's float input units, changed by at most `max_change` since its last inferred request, and "
+            "within `max_age_s` of it, gets that result again without inference: the reply says "
+            "`\"reused\": true` (`false` otherwise; the key is absent on routes without `reuse`)."),
     Section("cache", config.CacheConfig, "cache"),
     Section("workers", config.WorkersConfig, "workers"),
     Section("batching", config.BatchingConfig, "batching"),

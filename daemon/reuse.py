@@ -1,0 +1,99 @@
+"""The per-device fast path: a device whose input barely changed gets its last result again.
+
+A device is a request topic (`sensors/dev7/imu`). For each device a route remembers the
+input of its last *inferred* request and that request's scores. A new request whose
+input differs from it by at most `max_change` (max absolute difference) while that
+result is younger than `max_age_s` is answered with the remembered scores, without
+quantizing or invoking the model. A reused answer never becomes the reference: the
+next comparison is still against the input that was really inferred, so a slow drift
+adds up and is caught once it passes `max_change`.
+
+Inputs are compared in the model's float input units: after the route's preprocessing,
+before INT8 quantization. Those are the units the model was trained in (usually
+standardized, so one epsilon fits every channel), and unlike the INT8 tensor they do
+not depend on the quantization scale of the model file, so `max_change` keeps its
+meaning when a retrained model is swapped in. It differs from the exact-match result
+cache (daemon/cache.py), which only catches inputs that quantize to the same tensor.
+
+The devices are an LRU bounded by `devices`; one lock guards a route's state, so
+several workers may handle the same device at once. A result computed for an older
+request never replaces one for a newer request of the same device.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from daemon.config import ReuseConfig
+
+
+@dataclass(frozen=True)
+class _Entry:
+    model_sha256: str  # a reloaded model's results are never served for the old one's
+    x: np.ndarray  # the inferred float input (after preprocessing), read-only
+    scores: np.ndarray  # read-only
+    received_at: float  # of the request it was computed for: older ones never replace newer
+    computed_at: float  # its age counts from here
+
+
+class DeviceReuse:
+    """match/remember per device for one route; thread-safe; snapshot() for the stats."""
+
+    def __init__(self, config: ReuseConfig):
+        self.config = config
+        self._lock = threading.Lock()  # guards the LRU and the counters
+        self._devices: OrderedDict[str, _Entry] = OrderedDict()
+        self._hits = self._misses = 0
+
+    def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
+              now: float) -> list[Optional[np.ndarray]]:
+        """Per row of x (preprocessed float input): the remembered scores to reuse, or None."""
+        found: list[Optional[np.ndarray]] = [None] * len(devices)
+        with self._lock:
+            for row, device in enumerate(devices):
+                entry = self._devices.get(device) if device is not None else None
+                if entry is not None and self._fits(entry, x[row], model_sha256, now):
+                    self._devices.move_to_end(device)
+                    found[row] = entry.scores
+            hits = sum(value is not None for value in found)
+            self._hits += hits
+            self._misses += len(found) - hits
+        return found
+
+    def _fits(self, entry: _Entry, x: np.ndarray, model_sha256: str, now: float) -> bool:
+        if entry.model_sha256 != model_sha256 or now - entry.computed_at >= self.config.max_age_s:
+            return False
+        if entry.x.shape != x.shape:
+            return False
+        return float(np.max(np.abs(x - entry.x), initial=0.0)) <= self.config.max_change
+
+    def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
+                 model_sha256: str, received_at: Sequence[float], now: float) -> None:
+        """Rows that were inferred (or found in the result cache) become their device's reference."""
+        entries = [(device, _Entry(model_sha256, _frozen(x[row]), _frozen(scores[row]), received_at[row], now))
+                   for row, device in enumerate(devices) if device is not None]
+        with self._lock:
+            for device, entry in entries:
+                old = self._devices.get(device)
+                if old is not None and old.received_at > entry.received_at:
+                    continue  # another worker already stored a newer request's result
+                self._devices[device] = entry
+                self._devices.move_to_end(device)
+            while len(self._devices) > self.config.devices:
+                self._devices.popitem(last=False)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"devices": len(self._devices), "hits": self._hits, "misses": self._misses}
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A private read-only copy: the batch arrays it comes from are reused by the caller."""
+    value = np.array(a, dtype=np.float32)
+    value.flags.writeable = False
+    return value
