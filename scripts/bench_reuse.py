@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Hit rate, CPU and accuracy of the per-device reuse fast path (routes[].reuse) on the bundled test sets.
+
+    python scripts/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5]
+
+Each class's test series are joined into one long recording, one device per class, and
+each device sends overlapping sliding windows of the route's input length, `--step` of a
+window apart; every window is labelled with its class. Each round (one window per
+device) goes through the real pipeline (`daemon.pipeline.handle_batch`, the daemon's
+model and preprocessing, no result cache) as one batch, on a virtual clock advancing
+`--period` seconds per round. The same replay runs without reuse and with reuse at each
+epsilon; CPU is this process's CPU time (time.process_time) over `--repeat` replays,
+each with a fresh reuse state. Prints one JSON line per (route, epsilon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from daemon.config import ReuseConfig, load_config, open_model  # noqa: E402
+from daemon.evaluate import find_route, load_split, route_pipeline  # noqa: E402
+from daemon.pipeline import Request, handle_batch  # noqa: E402
+from daemon.reuse import DeviceReuse  # noqa: E402
+
+ROUTES = {"activity-raw": "models/activity/test.npz", "appliance-raw": "models/appliance/test.npz"}
+MAX_AGE_S = 30.0
+
+
+def recordings(x: np.ndarray, y: np.ndarray, step_frac: float) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, devices, *window) sliding windows, one device per class, and each device's label."""
+    classes = np.unique(y)
+    length = x.shape[1]
+    step = max(1, int(round(length * step_frac)))
+    per_device = []
+    for c in classes:
+        long = np.concatenate(list(x[y == c]), axis=0)  # the class's series end to end, along time
+        starts = range(0, long.shape[0] - length + 1, step)
+        per_device.append(np.stack([long[s:s + length] for s in starts]))
+    rounds = min(len(w) for w in per_device)
+    return np.stack([w[:rounds] for w in per_device], axis=1), classes
+
+
+def replay(pipe, model, windows: np.ndarray, labels: np.ndarray, reuse: Optional[DeviceReuse],
+           period_s: float) -> tuple[int, int]:
+    """(correct, reused) over every window; one batch per round."""
+    correct = reused = 0
+    devices = [f"dev{i}" for i in range(windows.shape[1])]
+    for k, round_x in enumerate(windows):
+        now = k * period_s
+        requests = [Request(w.astype("<f4").tobytes(), now, None, d) for w, d in zip(round_x, devices)]
+        replies = handle_batch(pipe, requests, model, None, lambda: now, reuse).replies
+        correct += sum(int(r["index"] == label) for r, label in zip(replies, labels))
+        reused += sum(bool(r.get("reused")) for r in replies)
+    return correct, reused
+
+
+def measure(pipe, model, windows, labels, eps: Optional[float], repeat: int, period_s: float) -> dict:
+    started = time.process_time()
+    for _ in range(repeat):
+        reuse = None if eps is None else DeviceReuse(ReuseConfig(eps, MAX_AGE_S))
+        correct, reused = replay(pipe, model, windows, labels, reuse, period_s)
+    cpu_s = time.process_time() - started
+    n = windows.shape[0] * windows.shape[1]
+    return {"eps": eps, "n": n, "accuracy": round(correct / n, 4), "hit_rate": round(reused / n, 4),
+            "cpu_us_per_request": round(cpu_s / (repeat * n) * 1e6, 1)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "config.yaml"))
+    parser.add_argument("--eps", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5, 1.0])
+    parser.add_argument("--step", type=float, default=0.1, help="window step, as a fraction of the window")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--period", type=float, default=1.0, help="virtual seconds between a device's requests")
+    args = parser.parse_args(argv)
+    config = load_config(Path(args.config))
+    for name, data in ROUTES.items():
+        route = find_route(config, name)
+        model = open_model(config, route.model)
+        pipe = route_pipeline(config, route, model)
+        windows, labels = recordings(*load_split(ROOT / data, route), args.step)
+        measure(pipe, model, windows, labels, None, 1, args.period)  # warm-up: interpreters, arenas
+        base = measure(pipe, model, windows, labels, None, args.repeat, args.period)
+        print(json.dumps({"route": name, **base, "step": args.step}))
+        for eps in args.eps:
+            row = measure(pipe, model, windows, labels, eps, args.repeat, args.period)
+            row["accuracy_change_pt"] = round((row["accuracy"] - base["accuracy"]) * 100, 2)
+            row["cpu_saved"] = round(1 - row["cpu_us_per_request"] / base["cpu_us_per_request"], 3)
+            print(json.dumps({"route": name, **row, "step": args.step}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
