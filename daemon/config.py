@@ -266,7 +266,7 @@ def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...
 def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
     p = f"routes[{i}]"
     m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
-                                      "min_interval_ms", "coalesce", "reuse"),
+                              "min_interval_ms", "coalesce", "reuse"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
