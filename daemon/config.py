@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 from daemon import preprocess, topics
+from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
 from daemon.config_reader import Reader, load_yaml
@@ -104,6 +105,8 @@ class RouteConfig:
     answered `superseded`. null: every request is served."""
     reuse: Optional[ReuseConfig] = None
     """Per-device fast path (`routes[].reuse` below): off when absent."""
+    escalate: Optional[EscalateConfig] = None
+    """Confidence cascade: low-confidence results go to a heavier tier (`routes[].escalate` below)."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,8 @@ def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...
 def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
     p = f"routes[{i}]"
     m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
-                              "min_interval_ms", "coalesce", "reuse"),
+                              "min_interval_ms", "coalesce", "reuse",
+                              "escalate"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -294,6 +298,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
         reuse=_read_reuse(r, m, p),
+        escalate=read_escalate(r, m, p, captures),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from daemon import preprocess
+from daemon.config_cascade import check_escalate, check_escalate_model
 from daemon.config_reader import Reader
 from daemon.errors import DaemonError, ModelError
 from daemon.runtime import Model
@@ -40,6 +41,7 @@ def cross_check(r: Reader, config: "Config", check_models: bool) -> None:
         if route.model and r.ok(f"{p}.model") and models_readable and route.model not in config.models:
             known = ", ".join(sorted(config.models)) or "none"
             r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
+        check_escalate(r, config, m, p, route)
     if check_models:
         _check_models(r, config)
 
@@ -68,6 +70,7 @@ def _check_models(r: Reader, config: "Config") -> None:
         p = f"routes[{i}]"
         if route.model in loaded and r.ok(f"{p}.input.shape", f"{p}.preprocess"):
             _check_route_shape(r, routes_raw[i], p, route, loaded[route.model])
+        check_escalate_model(r, routes_raw[i], p, route, loaded)
 
 
 def _check_labels(r: Reader, m: Any, p: str, mc: "ModelConfig", model: Optional[Model]) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from daemon import codecs, pipeline, topics
+from daemon.cascade import Cascade
 from daemon.admission import Admission, Refusal, Ticket
 from daemon.autoscale import Autoscaler
 from daemon.config import BatchingConfig, WorkersConfig
@@ -88,6 +89,7 @@ class Dispatcher:
         self._clock = clock
         self._transport: Optional[Transport] = None
         self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
+        self._cascade = Cascade(clock)
         self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
         self.rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
         # Per-device fast path, by route name; kept across reloads (entries name their model digest).
@@ -195,7 +197,7 @@ class Dispatcher:
         self._stats.observe_batch(len(jobs))
         for group in groups.values():
             pipe = context.pipes[group[0].pipe.route.name]  # a job queued before a reload runs on the new
-            self._process_group(context.models[pipe.route.model], pipe, group)
+            self._process_group(context.models[pipe.route.model], pipe, group, context.models)
 
     def _supersede(self, jobs: list[Job]) -> None:
         """coalesce: latest: answer the jobs a newer one of the same device replaces, unrun."""
@@ -207,9 +209,13 @@ class Dispatcher:
                 self._send(job.inbound, job.reply_topic, reply, tally)
         self._stats.record(tally.counts, (), tally.outcomes)
 
-    def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> None:
+    def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job], models: WorkerModels) -> None:
         started = self._clock()
         outcome = self._run_pipeline(model, pipe, group)
+        if pipe.escalate_to is not None:  # escalate.to_model: low-confidence results again, on the heavier model
+            requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
+            outcome = self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
+                                              models[pipe.escalate_to.route.model], self._cache)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()

@@ -79,6 +79,8 @@ class RoutePipeline:
     route: RouteConfig
     model_sha256: str
     labels: tuple[str, ...]
+    escalate_to: Optional["RoutePipeline"] = None
+    """`escalate.to_model`: the same route on the heavier model (daemon/cascade.py)."""
 
     @classmethod
     def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str]) -> "RoutePipeline":

@@ -21,13 +21,14 @@ import logging
 import signal
 import sqlite3
 import time
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
 from daemon import codecs, metrics, reload
 from daemon.cache import ResultCache
-from daemon.config import Config, WorkersConfig, load_config, open_model, read_labels
+from daemon.config import Config, RouteConfig, WorkersConfig, load_config, open_model, read_labels
 from daemon.dispatch import Dispatcher, WorkerModels
 from daemon.errors import DaemonError, ModelError
 from daemon.mqtt import MqttLink
@@ -323,11 +324,18 @@ class Service:
     def _pipelines(self) -> list[RoutePipeline]:
         pipes = []
         for route in self.config.routes:
-            labels = read_labels(self.config.models[route.model].labels)
-            if labels is None:
-                raise ModelError(self.config.models[route.model].labels, "labels file not found")
-            pipes.append(RoutePipeline.build(route, self._models[route.model].sha256, labels))
+            pipe = self._pipeline(route)
+            if route.escalate is not None and route.escalate.to_model is not None:  # daemon/cascade.py
+                large = self._pipeline(dataclasses.replace(route, model=route.escalate.to_model, escalate=None))
+                pipe = dataclasses.replace(pipe, escalate_to=large)
+            pipes.append(pipe)
         return pipes
+
+    def _pipeline(self, route: RouteConfig) -> RoutePipeline:
+        labels = read_labels(self.config.models[route.model].labels)
+        if labels is None:
+            raise ModelError(self.config.models[route.model].labels, "labels file not found")
+        return RoutePipeline.build(route, self._models[route.model].sha256, labels)
 
     def _open_cache(self) -> None:
         self._cache = ResultCache(self.config.cache)

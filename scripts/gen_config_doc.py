@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon import config, config_mqtt, preprocess  # noqa: E402
+from daemon import config, config_cascade, config_mqtt, preprocess  # noqa: E402
 
 INTRO = """
 # Configuration reference
@@ -105,7 +105,7 @@ As with `raw`, the reply's `"id"` is null.
 }
 
 OUT = ROOT / "docs" / "config.md"
-SOURCES = (ROOT / "daemon" / "config.py", ROOT / "daemon" / "config_mqtt.py")
+SOURCES = (ROOT / "daemon" / "config.py", ROOT / "daemon" / "config_mqtt.py", ROOT / "daemon" / "config_cascade.py")
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple": "list", "None": "null"}
 
@@ -131,6 +131,8 @@ SECTIONS = (
             "model's float input units, changed by at most `max_change` since its last inferred request, and "
             "within `max_age_s` of it, gets that result again without inference: the reply says "
             "`\"reused\": true` (`false` otherwise; the key is absent on routes without `reuse`)."),
+    Section("routes[].escalate", config_cascade.EscalateConfig, None,
+            "Optional confidence cascade (docs/performance.md, Confidence cascade)."),
     Section("cache", config.CacheConfig, "cache"),
     Section("workers", config.WorkersConfig, "workers"),
     Section("batching", config.BatchingConfig, "batching"),
