@@ -86,6 +86,8 @@ def check_escalate(r: Reader, config: "Config", m: Any, p: str, route: "RouteCon
     e = m.get("escalate") if isinstance(m, dict) else None
     if esc.margin_below is not None and route.top_k < 2 and r.ok(f"{p}.output"):
         r.error(e, "when", f"{p}.escalate", "margin_below needs output.top_k of at least 2")
+    if esc.to_topic is not None and not config.mqtt.is_v5 and r.ok(f"{p}.escalate.to_topic"):
+        r.error(e, "to_topic", f"{p}.escalate", "needs MQTT v5 (mqtt.protocol: 5): request/response properties")
     if esc.to_model is not None and r.ok(f"{p}.escalate.to_model") and esc.to_model not in config.models:
         known = ", ".join(sorted(config.models)) or "none"
         r.error(e, "to_model", f"{p}.escalate", f"unknown model {esc.to_model!r} (known: {known})")

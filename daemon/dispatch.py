@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from daemon import codecs, pipeline, topics
-from daemon.cascade import Cascade
+from daemon.cascade import Cascade, RemoteCascade
 from daemon.admission import Admission, Refusal, Ticket
 from daemon.autoscale import Autoscaler
 from daemon.config import BatchingConfig, WorkersConfig
@@ -82,7 +82,9 @@ class Dispatcher:
 
     def __init__(self, pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats,
                  workers: WorkersConfig, make_models: Callable[[int], WorkerModels],
-                 batching: BatchingConfig = BatchingConfig(), clock: Callable[[], float] = time.monotonic):
+                 batching: BatchingConfig = BatchingConfig(), clock: Callable[[], float] = time.monotonic,
+                 escalation_topic: Optional[str] = None):
+        """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests."""
         self._pipes = tuple(pipes)
         self._cache = cache
         self._stats = stats
@@ -90,6 +92,8 @@ class Dispatcher:
         self._transport: Optional[Transport] = None
         self._log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
         self._cascade = Cascade(clock)
+        remote = any(p.route.escalate and p.route.escalate.to_topic for p in self._pipes) and escalation_topic
+        self._remote = RemoteCascade(escalation_topic, self._send_one, clock) if remote else None
         self._routes: OrderedDict[str, tuple[RoutePipeline, str]] = OrderedDict()
         self.rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
         # Per-device fast path, by route name; kept across reloads (entries name their model digest).
@@ -107,7 +111,7 @@ class Dispatcher:
 
     @property
     def filters(self) -> list[str]:
-        return [p.route.subscribe for p in self._pipes]
+        return [p.route.subscribe for p in self._pipes] + ([self._remote.response_topic] if self._remote else [])
 
     @property
     def pool(self) -> WorkerPool:
@@ -122,9 +126,14 @@ class Dispatcher:
 
     def start(self) -> None:
         self._pool.start()
+        if self._remote is not None:
+            self._remote.start()
 
     def stop(self, timeout_s: float) -> bool:
-        return self._pool.stop(timeout_s)
+        stopped = self._pool.stop(timeout_s)
+        if self._remote is not None:
+            self._remote.stop()  # parked escalations get their local answer: none left unanswered
+        return stopped
 
     def swap(self, pipes: Sequence[RoutePipeline], make_models: Callable[[int], WorkerModels]) -> None:
         """New models and pipelines for the same routes (a reload): built here, then each worker
@@ -136,6 +145,10 @@ class Dispatcher:
 
     def on_message(self, inbound: Inbound) -> None:
         """paho thread: route and admit, or answer at once (O(1): no parsing)."""
+        if self._remote is not None and inbound.topic == self._remote.response_topic:
+            self._remote.on_response(inbound)  # a far tier's answer to an escalation
+            self._ack(inbound)
+            return
         self._stats.incr("received")
         found = self._route(inbound.topic)
         if found is None:
@@ -216,13 +229,16 @@ class Dispatcher:
             requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
             outcome = self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
                                               models[pipe.escalate_to.route.model], self._cache)
+        elif self._remote is not None and self._transport is not None and pipe.route.escalate is not None:
+            self._remote.hand_off(self._cascade, pipe, group, outcome.replies, self._transport.publish)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
         tally = _Tally()
         with self._transport.batch() if self._transport is not None else nullcontext():
             for job, reply in zip(group, outcome.replies):
-                self._send(job.inbound, job.reply_topic, reply, tally)
+                if reply is not None:  # None: escalated, answered later (daemon/cascade.py)
+                    self._send(job.inbound, job.reply_topic, reply, tally)
         done = self._clock()
         self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
         self._stats.observe_stage("publish", done - published)
@@ -261,6 +277,12 @@ class Dispatcher:
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
+
+    def _send_one(self, inbound: Inbound, reply_topic: str, reply: dict) -> None:
+        """A reply made off the worker path (an escalation's answer, or its local fallback)."""
+        tally = _Tally()
+        self._send(inbound, reply_topic, reply, tally)
+        self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
 
     def _ack(self, inbound: Inbound) -> None:
         if self._transport is not None:

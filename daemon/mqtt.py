@@ -298,10 +298,11 @@ class MqttLink:
             expiry_s=getattr(props, "MessageExpiryInterval", None),
         )
 
-    def publish(self, topic: str, payload: bytes, retain: bool = False,
-                correlation_data: Optional[bytes] = None) -> paho.MQTTMessageInfo:
-        """Queue a publish (non-blocking; paho sends it from its loop thread)."""
-        return self._publish(topic, payload, retain, correlation_data, None)
+    def publish(self, topic: str, payload: bytes, retain: bool = False, correlation_data: Optional[bytes] = None,
+                response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
+        """Queue a publish (non-blocking; paho sends it from its loop thread); a ResponseTopic
+        makes it a v5 request (daemon/cascade.py escalations)."""
+        return self._publish(topic, payload, retain, correlation_data, None, response_topic)
 
     def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
         """Publish a request's reply, and ack the request once the broker has the reply. While
@@ -328,11 +329,14 @@ class MqttLink:
             self._flusher.confirmed(owner)
 
     def _publish(self, topic: str, payload: bytes, retain: bool, correlation_data: Optional[bytes],
-                 owner: Optional[object]) -> paho.MQTTMessageInfo:
+                 owner: Optional[object], response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
         properties = None
-        if correlation_data is not None and self._config.is_v5:
+        if (correlation_data is not None or response_topic is not None) and self._config.is_v5:
             properties = Properties(PacketTypes.PUBLISH)
-            properties.CorrelationData = correlation_data
+            if correlation_data is not None:
+                properties.CorrelationData = correlation_data
+            if response_topic is not None:
+                properties.ResponseTopic = response_topic
         info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
         if self._config.qos > 0:
             self._safe.register(info.mid, owner)

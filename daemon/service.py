@@ -62,6 +62,11 @@ SMALL_REQUEST_BYTES = 1024
 IDLE_CHECK_MIN_S = 0.05
 
 
+def escalation_topic(config: Config) -> str:
+    """Where far tiers answer this daemon's `escalate.to_topic` requests (daemon/cascade.py)."""
+    return f"edge-inferd/{config.mqtt.client_id}/escalations"
+
+
 def receive_maximum(workers: WorkersConfig) -> int:
     """The MQTT v5 ReceiveMaximum: requests the broker may have in flight to us, unacked.
 
@@ -347,7 +352,7 @@ class Service:
     def _build_dispatcher(self) -> None:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
         self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models,
-                                      self.config.batching)
+                                      self.config.batching, escalation_topic=escalation_topic(self.config))
 
     def _start_workers(self) -> None:
         self._dispatcher.start()

@@ -151,3 +151,118 @@ def test_token_bucket_refills_at_its_rate():
     assert [bucket.take() for _ in range(3)] == [True, True, False]
     now[0] = 0.5
     assert bucket.take() and not bucket.take()
+
+
+# --- to_topic: the far tier is simulated at the dispatcher's seam (tests/integration has the real one) ---
+
+ESCALATIONS = "edge-inferd/test-node/escalations"
+
+
+class FarRecorder(Recorder):
+    """Replies as Recorder; escalation requests (publishes with a ResponseTopic) kept apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.forwarded: list[tuple[str, bytes, bytes]] = []
+
+    def publish(self, topic, payload, retain=False, correlation_data=None, response_topic=None):
+        if response_topic is not None:
+            assert response_topic == ESCALATIONS
+            with self.cond:
+                self.forwarded.append((topic, payload, correlation_data))
+                self.cond.notify_all()
+            return
+        super().publish(topic, payload, retain, correlation_data)
+
+    def wait_forwarded(self, n):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.forwarded) >= n, 30)
+
+
+def _remote_dispatcher(tmp_path, threshold, **escalate):
+    config = load_config(_write_config(tmp_path, {"when": {"score_below": threshold}, "to_topic": "gpu/{1}/imu",
+                                                  **escalate}))
+    models = {"activity": Model(config.models["activity"].path)}
+    pipe = route_pipeline(config, config.routes[0], models["activity"])
+    d = Dispatcher([pipe], None, Stats(), WorkersConfig(max=1), lambda i: models, escalation_topic=ESCALATIONS)
+    rec = FarRecorder()
+    d.attach(rec)
+    d.start()
+    return d, rec
+
+
+def _far_answer(corr: bytes, request: bytes, label="far") -> object:
+    reply = {"id": json.loads(request)["id"], "route": "far-route", "model": "big", "model_sha256": "0" * 12,
+             "label": label, "index": 0, "score": 0.99, "top_k": [{"label": label, "score": 0.99}],
+             "cached": False, "latency_ms": 1.0}
+    return _inbound(ESCALATIONS, json.dumps(reply).encode(), 1000, correlation_data=corr)
+
+
+def test_to_topic_escalates_exactly_the_low_confidence_requests_and_labels_the_tier(tmp_path):
+    payloads = _requests()
+    scores = _local_scores(payloads)
+    threshold = float(np.median(scores))
+    low = {i for i, s in enumerate(scores) if s < threshold}
+    d, rec = _remote_dispatcher(tmp_path, threshold, timeout_ms=30_000, max_rate_per_s=1000)
+    assert ESCALATIONS in d.filters
+    for i, payload in enumerate(payloads):
+        d.on_message(_inbound("sensors/w7/imu", payload, i + 1))
+    rec.wait(N - len(low))
+    rec.wait_forwarded(len(low))
+    assert {json.loads(p)["id"] for _, p, _ in rec.forwarded} == low
+    assert all(topic == "gpu/w7/imu" for topic, _, _ in rec.forwarded)  # the template, rendered
+    assert all(r["tier"] == "local" for _, r, _ in rec.published)
+    assert len(rec.acked) == N - len(low)  # the escalated ones wait, unacked, holding no worker
+    for topic, payload, corr in rec.forwarded:
+        d.on_message(_far_answer(corr, payload))
+    rec.wait(N)
+    assert d.stop(30)
+    remote = [r for _, r, _ in rec.published if r["tier"] == "remote"]
+    assert {r["id"] for r in remote} == low and all(r["label"] == "far" for r in remote)
+    assert all(r["route"] == "activity" for r in remote)
+    assert sorted(rec.acked) == sorted(list(range(1, N + 1)) + [1000] * len(low))  # far answers acked too
+    assert len(rec.published) == N
+
+
+def test_timeout_answers_locally_and_a_late_far_answer_is_dropped(tmp_path):
+    payloads = _requests()[:3]
+    d, rec = _remote_dispatcher(tmp_path, 1.01, timeout_ms=100, max_rate_per_s=1000)  # everything escalates
+    started = time.monotonic()
+    for i, payload in enumerate(payloads):
+        d.on_message(_inbound("sensors/w1/imu", payload, i + 1))
+    rec.wait_forwarded(3)
+    rec.wait(3)
+    waited = time.monotonic() - started
+    assert 0.1 <= waited < 2.0
+    assert all(r["tier"] == "local" and r["escalation"] == "timeout" for _, r, _ in rec.published)
+    topic, payload, corr = rec.forwarded[0]
+    d.on_message(_far_answer(corr, payload))  # too late
+    assert d.stop(30)
+    assert len(rec.published) == 3 and d._remote.late == 1
+    assert sorted(rec.acked) == [1, 2, 3, 1000]
+
+
+def test_rate_cap_answers_locally_at_once(tmp_path):
+    payloads = _requests()[:4]
+    d, rec = _remote_dispatcher(tmp_path, 1.01, timeout_ms=30_000, max_rate_per_s=0.001)  # one token
+    for i, payload in enumerate(payloads):
+        d.on_message(_inbound("sensors/w1/imu", payload, i + 1))
+    rec.wait(3)
+    rec.wait_forwarded(1)
+    assert [r.get("escalation") for _, r, _ in rec.published] == ["rate_limited"] * 3
+    assert d.stop(30)  # the parked one is answered on stop: never left unanswered
+    assert len(rec.published) == 4 and rec.published[-1][1]["escalation"] == "timeout"
+    assert sorted(rec.acked) == [1, 2, 3, 4]
+
+
+def test_far_error_keeps_the_local_answer(tmp_path):
+    d, rec = _remote_dispatcher(tmp_path, 1.01, timeout_ms=30_000, max_rate_per_s=1000)
+    d.on_message(_inbound("sensors/w1/imu", _requests()[0], 1))
+    rec.wait_forwarded(1)
+    _, _, corr = rec.forwarded[0]
+    error = {"id": 0, "route": "far", "error": {"code": "overloaded", "message": "busy"}}
+    d.on_message(_inbound(ESCALATIONS, json.dumps(error).encode(), 9, correlation_data=corr))
+    rec.wait(1)
+    assert d.stop(30)
+    [(_, reply, _)] = rec.published
+    assert reply["tier"] == "local" and reply["escalation"] == "error" and reply["model"] == "activity"
