@@ -1,0 +1,88 @@
+"""The confidence cascade over a real mosquitto: two daemons as tiers (`escalate.to_topic`).
+
+The near daemon escalates every request (score_below above 1) to `gpu/{1}/imu`, where the far
+daemon serves the same route; the far one is killed mid-stream. Every request must still be
+answered exactly once, the ones the far tier can no longer answer within timeout_ms + 100 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import numpy as np
+import yaml
+
+from tests.integration.conftest import ROOT, Client, write_config
+
+TIMEOUT_MS = 300
+SLACK_S = 0.1
+N = 60
+KILL_AT = 20
+GAP_S = 0.02  # between requests: a stream, not a burst
+
+
+def _route(subscribe: str, **extra) -> dict:
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    route = raw["routes"][0]  # activity
+    route.pop("validate", None)
+    return {**route, "subscribe": subscribe, **extra}
+
+
+def _config(tmp_path, name: str, route: dict):
+    folder = tmp_path / name
+    folder.mkdir()
+    return write_config(folder, mqtt={"client_id": name, "session_expiry_s": 0}, routes=[route],
+                        cache={"enabled": False}, workers={"max": 1})
+
+
+class TimedClient(Client):
+    """Records when each reply arrived (time.monotonic)."""
+
+    def __init__(self, broker):
+        self.arrived: dict[int, list[float]] = {}
+        self.lock = threading.Lock()
+        super().__init__(broker)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        if msg.topic.startswith("results/"):
+            with self.lock:
+                self.arrived.setdefault(json.loads(msg.payload)["id"], []).append(time.monotonic())
+        super()._on_message(client, userdata, msg)
+
+
+def test_far_tier_killed_mid_stream_every_request_answered_once_in_time(tmp_path, broker, start_daemon):
+    client = TimedClient(broker)
+    try:
+        far = start_daemon(_config(tmp_path, "far", _route("gpu/+/imu")), wait_online=client, client_id="far")
+        near_route = _route("sensors/+/imu", escalate={"when": {"score_below": 1.01}, "to_topic": "gpu/{1}/imu",
+                                                       "timeout_ms": TIMEOUT_MS, "max_rate_per_s": 1000})
+        start_daemon(_config(tmp_path, "near", near_route), wait_online=client, client_id="near")
+        client.subscribe("results/+/activity")
+        with np.load(ROOT / "models/activity/test.npz") as data:
+            x = data["x"]
+        sent, killed_at = {}, None
+        for i in range(N):
+            if i == KILL_AT:  # mid-stream: some requests are at the far tier right now
+                far.proc.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+            sent[i] = time.monotonic()
+            client.publish("sensors/w1/imu", json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode())
+            time.sleep(GAP_S)
+        replies = client.wait_json("results/w1/activity", N)
+        time.sleep(TIMEOUT_MS / 1000 + 0.5)  # room for a duplicate to show up
+        replies = [json.loads(m.payload) for m in client.on("results/w1/activity")]
+    finally:
+        client.close()
+    assert sorted(r["id"] for r in replies) == list(range(N))  # each exactly once
+    by_id = {r["id"]: r for r in replies}
+    before = [by_id[i]["tier"] for i in range(KILL_AT)]
+    assert before.count("remote") >= KILL_AT // 2, before  # the far tier answered while it was there
+    assert all(r["tier"] == "local" and r["escalation"] == "timeout"
+               for r in replies if r["tier"] != "remote")
+    assert all(by_id[i]["tier"] == "local" for i in range(KILL_AT, N))
+    # No reply waits past the request's own deadline, nor past timeout_ms after the far tier went.
+    late = {i: client.arrived[i][0] - max(sent[i], killed_at) for i in range(N)}
+    assert max(late.values()) <= TIMEOUT_MS / 1000 + SLACK_S, late
