@@ -225,12 +225,8 @@ class Dispatcher:
     def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job], models: WorkerModels) -> None:
         started = self._clock()
         outcome = self._run_pipeline(model, pipe, group)
-        if pipe.escalate_to is not None:  # escalate.to_model: low-confidence results again, on the heavier model
-            requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
-            outcome = self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
-                                              models[pipe.escalate_to.route.model], self._cache)
-        elif self._remote is not None and self._transport is not None and pipe.route.escalate is not None:
-            self._remote.hand_off(self._cascade, pipe, group, outcome.replies, self._transport.publish)
+        if pipe.route.escalate is not None:
+            outcome = self._escalate(pipe, group, outcome, models)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
@@ -245,6 +241,17 @@ class Dispatcher:
         self.admission.observe(pipe.route.name, len(group), done - started)
         if self._cache is not None and outcome.fresh:
             self._cache.put_many(outcome.fresh)  # after the replies: never on the reply path
+
+    def _escalate(self, pipe: RoutePipeline, group: list[Job], outcome: Outcome, models: WorkerModels) -> Outcome:
+        """The confidence cascade (daemon/cascade.py): `to_model` reruns the low-confidence requests on
+        the heavier model; `to_topic` parks them (their reply becomes None) until the far tier answers."""
+        if pipe.escalate_to is not None:
+            requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
+            return self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
+                                           models[pipe.escalate_to.route.model], self._cache)
+        if self._remote is not None and self._transport is not None and pipe.route.escalate.to_topic is not None:
+            self._remote.hand_off(self._cascade, pipe, group, outcome.replies, self._transport.publish)
+        return outcome
 
     def _run_pipeline(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> Outcome:
         requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic)
