@@ -2,7 +2,7 @@
 """Train, convert and card every model edge-inferd ships (reproducible: fixed seeds).
 
     pip install -e '.[train]'         # tensorflow-cpu, aeon, scikit-learn: never needed at run time
-    python scripts/train_models.py    # all models; or name some: activity appliance digits
+    python scripts/train_models.py    # all models; or name some: activity appliance appliance_large digits
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
 (config.yaml, or the test fixture's config for `digits`), runs the daemon's own
@@ -101,20 +101,26 @@ def build_activity(shape, n_classes):
     return keras.Model(inp, out)
 
 
-def build_fcn(shape, n_classes):
+def build_fcn(shape, n_classes, widths=(32, 64, 32)):
     """A small fully-convolutional net (Wang et al. 2017 style): conv-BN-ReLU x3 + GAP."""
     from tensorflow import keras
     from tensorflow.keras import layers
 
     inp = keras.Input(shape=shape)
     x = inp
-    for filters, kernel in ((32, 8), (64, 5), (32, 3)):
+    for filters, kernel in zip(widths, (8, 5, 3)):
         x = layers.Conv1D(filters, kernel, padding="same", use_bias=False)(x)
         x = layers.BatchNormalization()(x)
         x = layers.ReLU()(x)
     x = layers.GlobalAveragePooling1D()(x)
     out = layers.Softmax()(layers.Dense(n_classes)(x))  # separate, so an ensemble can average logits
     return keras.Model(inp, out)
+
+
+def build_fcn_wide(shape, n_classes):
+    """The FCN at Wang et al.'s own widths (128-256-128): ~16x the MACs of `build_fcn`, the
+    heavier tier of the confidence cascade (`escalate: {to_model: appliance_large}`)."""
+    return build_fcn(shape, n_classes, widths=(128, 256, 128))
 
 
 def build_digits(shape, n_classes):
@@ -140,6 +146,11 @@ SPECS = [
                "z-normalized per trace, so the route standardizes each window (raw watts work too). "
                "Downsampling is by 5, not 4: many traces hold a period-4 oscillation that a mean over "
                "groups of 4 cancels exactly (1-NN accuracy fell from 0.54 to 0.22)"),
+    Spec("appliance_large", "config.yaml", "appliance", "models/appliance_large", "ACSF1 (UCR archive)",
+         "aeon wheel: aeon/datasets/data/ACSF1, official TRAIN/TEST split",
+         load_acsf1, build_fcn_wide, epochs=300, batch_size=16, members=3, label_smoothing=0.1,
+         notes="the appliance route's escalation tier (docs/performance.md, Confidence cascade): the same "
+               "data and preprocessing as `appliance`, the FCN at its published widths (128-256-128)"),
     Spec("digits", "tests/fixtures/digits/config.yaml", "digits", "tests/fixtures/digits",
          "sklearn load_digits (UCI optical handwritten digits, 8x8)",
          "scikit-learn wheel: sklearn.datasets.load_digits, stratified 75/25 split, seed 1234",

@@ -266,3 +266,27 @@ def test_far_error_keeps_the_local_answer(tmp_path):
     assert d.stop(30)
     [(_, reply, _)] = rec.published
     assert reply["tier"] == "local" and reply["escalation"] == "error" and reply["model"] == "activity"
+
+
+def test_bundled_appliance_large_is_a_valid_escalation_target_and_matches_its_card(tmp_path):
+    """models/appliance_large: the appliance route's cascade loads, and the card tells the truth."""
+    from daemon.config_reader import absolute_paths
+    from daemon.evaluate import validate
+    from daemon.runtime import file_sha256
+
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    raw["models"]["appliance_large"] = {"path": "models/appliance_large/model.tflite",
+                                        "labels": "models/appliance_large/labels.txt"}
+    for route in raw["routes"]:
+        if route["name"] == "appliance":
+            route["escalate"] = {"when": {"score_below": 0.6}, "to_model": "appliance_large"}
+    raw["mqtt"].pop("outbox", None)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(absolute_paths(raw, ROOT)))
+    config = load_config(path)
+    card = json.loads((ROOT / "models/appliance_large/card.json").read_text())
+    large_route = dataclasses.replace(next(r for r in config.routes if r.name == "appliance"), model="appliance_large")
+    config = dataclasses.replace(config, routes=(large_route,))
+    report, _ = validate(config, "appliance", ROOT / "models/appliance_large/test.npz")
+    assert report["accuracy"] == pytest.approx(card["int8_accuracy"], abs=1e-4)
+    assert report["model_sha256"] == card["sha256"] == file_sha256(ROOT / "models/appliance_large/model.tflite")
