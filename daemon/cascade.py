@@ -186,14 +186,16 @@ class RemoteCascade:
             self._cond.notify()
         return corr
 
-    def on_response(self, inbound: Inbound) -> None:
-        """The far tier's answer (paho thread): published in place of the local one, if still parked."""
+    def on_response(self, inbound: Inbound) -> bool:
+        """The far tier's answer (paho thread): published in place of the local one if still parked
+        (True); else dropped (False)."""
         with self._cond:
             parked = self._pending.pop(inbound.correlation_data or b"", None)
             if parked is None:
                 self.late += 1
-                return
+                return False
         self._send(parked.inbound, parked.reply_topic, self._remote_reply(parked, inbound.payload))
+        return True
 
     def _remote_reply(self, parked: _Pending, payload: bytes) -> dict:
         try:

@@ -146,7 +146,8 @@ class Dispatcher:
     def on_message(self, inbound: Inbound) -> None:
         """paho thread: route and admit, or answer at once (O(1): no parsing)."""
         if self._remote is not None and inbound.topic == self._remote.response_topic:
-            self._remote.on_response(inbound)  # a far tier's answer to an escalation
+            if not self._remote.on_response(inbound):  # a far tier's answer to an escalation
+                self._stats.incr("escalations_late")  # after its timeout (or from an earlier run): dropped
             self._ack(inbound)
             return
         self._stats.incr("received")
@@ -280,6 +281,10 @@ class Dispatcher:
                               error["code"], error["message"])
         else:
             tally.counts["cache_hits" if reply["cached"] else "inferences"] += 1
+            if "tier" in reply:  # a cascade route (daemon/cascade.py): who answered, and any fallback
+                tally.counts[f"tier_{reply['tier']}"] += 1
+                if "escalation" in reply:
+                    tally.counts[f"escalation_{reply['escalation']}"] += 1
             tally.latencies_ms.append(reply["latency_ms"])
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:

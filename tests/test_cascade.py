@@ -239,6 +239,7 @@ def test_timeout_answers_locally_and_a_late_far_answer_is_dropped(tmp_path):
     d.on_message(_far_answer(corr, payload))  # too late
     assert d.stop(30)
     assert len(rec.published) == 3 and d._remote.late == 1
+    assert d._stats.count("escalations_late") == 1 and d._stats.count("escalation_timeout") == 3
     assert sorted(rec.acked) == [1, 2, 3, 1000]
 
 
