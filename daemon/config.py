@@ -20,7 +20,7 @@ from daemon import preprocess, topics
 from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
-from daemon.config_reader import Reader, load_yaml
+from daemon.config_reader import Reader, load_yaml, systemd_base
 from daemon.errors import ConfigError
 from daemon.rate import COALESCE_CHOICES
 from daemon.runtime import RUNTIME_CHOICES
@@ -352,7 +352,7 @@ def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
     p, d = "cache", CacheConfig()
     return CacheConfig(
         enabled=r.get(m, "enabled", p, bool, d.enabled),
-        dir=_cache_base(base) / r.get(m, "dir", p, str, str(d.dir)),
+        dir=systemd_base("CACHE_DIRECTORY", base) / r.get(m, "dir", p, str, str(d.dir)),
         max_mb=r.get(m, "max_mb", p, int, d.max_mb, minimum=1),
         ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
         memory_mb=r.get(m, "memory_mb", p, int, d.memory_mb, minimum=0),
@@ -365,13 +365,6 @@ def _read_metrics(r: Reader, m: Mapping) -> MetricsConfig:
         r.error(m, "port", "metrics", f"must be a port in 1..{PORT_LIMIT - 1}, got {port}")
         port = None
     return MetricsConfig(port=port, address=r.get(m, "address", "metrics", str, MetricsConfig.address))
-
-
-def _cache_base(config_dir: Path) -> Path:
-    """Where a relative cache.dir lives: systemd's CacheDirectory= ($CACHE_DIRECTORY) when set,
-    so a config under /etc never puts the cache there; else the config file's directory."""
-    cache_directory = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-    return Path(cache_directory) if cache_directory else config_dir
 
 
 def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:

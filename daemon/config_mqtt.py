@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
-from daemon.config_reader import Reader
+from daemon.config_reader import Reader, systemd_base
 
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
@@ -271,9 +271,8 @@ def _read_tls(r: Reader, m: Mapping, base: Path) -> Optional[TlsConfig]:
 def _read_outbox(r: Reader, m: Mapping, base: Path) -> OutboxConfig:
     d = OutboxConfig()
     o = r.section(m, "outbox", OutboxConfig, path="mqtt.outbox")
-    state_directory = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     return OutboxConfig(
-        dir=(Path(state_directory) if state_directory else base) / r.get(o, "dir", "mqtt.outbox", str, str(d.dir)),
+        dir=systemd_base("STATE_DIRECTORY", base) / r.get(o, "dir", "mqtt.outbox", str, str(d.dir)),
         max_mb=r.get(o, "max_mb", "mqtt.outbox", float, d.max_mb, minimum=0),
     )
 

@@ -7,6 +7,7 @@ item, so messages can say `routes[1].model: unknown model 'x' (line 31)`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -274,3 +275,11 @@ def absolute_paths(raw: dict, base_dir: Path) -> dict:
         if gate.get("data"):
             gate["data"] = str((base_dir / gate["data"]).resolve())
     return raw
+
+
+def systemd_base(variable: str, config_dir: Path) -> Path:
+    """Where a relative path of a config lives: the first directory systemd put in `variable`
+    ($CACHE_DIRECTORY for CacheDirectory=, $STATE_DIRECTORY for StateDirectory=), so a config
+    under /etc never writes there; else the config file's own directory."""
+    directory = os.environ.get(variable, "").split(":")[0]
+    return Path(directory) if directory else config_dir

@@ -19,7 +19,6 @@ On any failure the running config and models keep serving; the error is logged a
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,12 +26,12 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from daemon.config import Config
+from daemon.runtime import file_sha256
 
 # A model check that takes longer than this counts as failed.
 VERIFY_TIMEOUT_S = 120.0
 # Lines of the child's output quoted in the log when the check fails.
 VERIFY_TAIL_LINES = 8
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -49,14 +48,6 @@ class Plan:
     @property
     def changed(self) -> bool:
         return bool(self.changed_models or self.restart_from)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fingerprint(config: Config, name: str) -> tuple[str, str]:

@@ -37,7 +37,7 @@ from daemon.outbox import Outbox
 from daemon.signals import ForcedExit, SignalQueue  # noqa: F401 - ForcedExit is re-exported for cli
 from daemon.pipeline import RoutePipeline
 from daemon.residency import ModelInfo, Residency
-from daemon.runtime import Model
+from daemon.runtime import Model, file_sha256
 from daemon.stats import Stats
 
 logger = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ class Service:
             model = open_model(self.config, name, max_batch=1, sha256=self._pins.get(name))
             model.warm_up()
             models[name] = ModelInfo(model.sha256, model.sample_shape)  # the interpreter goes: workers have theirs
-            self._fingerprints[name] = (model.sha256, reload.file_sha256(mc.labels))
+            self._fingerprints[name] = (model.sha256, file_sha256(mc.labels))
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
                         model.sha256[:12], list(model.input.shape))
         self._models = models

@@ -11,6 +11,7 @@ import pytest
 
 from daemon import reload
 from daemon.config import load_config
+from daemon.runtime import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def test_a_changed_labels_file_or_model_file_is_a_hot_swap_of_that_model(config)
     loaded = _loaded(config)
     config.models["activity"].labels.write_text("a\nb\nc\nd\n")
     assert reload.plan(config, config, loaded) == reload.Plan(
-        frozenset({"activity"}), None, {n: reload.file_sha256(m.path) for n, m in config.models.items()})
+        frozenset({"activity"}), None, {n: file_sha256(m.path) for n, m in config.models.items()})
     with open(config.models["appliance"].path, "ab") as f:
         f.write(b"\0")
     assert reload.plan(config, config, loaded).changed_models == {"activity", "appliance"}
