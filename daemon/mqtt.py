@@ -58,6 +58,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from daemon.config import MqttConfig
 from daemon.link_health import LinkHealth
 from daemon.outbox import Outbox, OutboxFlusher, Row
+from daemon.puback import AwaitingPuback
 from daemon.paho_client import Client
 from daemon.stats import ThrottledLog
 
@@ -102,49 +103,6 @@ def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
 
-class _AckWhenSafe:
-    """What waits for the broker to have a publish (its PUBACK), by mid: a request's ack, an
-    outbox row's removal, or nothing (status and stats).
-
-    paho runs `on_publish` before it marks the message published, and may run it before
-    `publish()` has returned the mid to us; such early completions wait in `_early` for
-    the publish that produced them. Every publish registers (status ones with no owner),
-    so an early mid is always claimed and none go stale."""
-
-    def __init__(self, done: Callable[[object], None]):
-        self._done = done
-        self._lock = threading.Lock()
-        self._awaiting: dict[int, Optional[object]] = {}
-        self._early: set[int] = set()
-
-    def register(self, mid: int, owner: Optional[object]) -> None:
-        with self._lock:
-            if mid in self._early:
-                self._early.discard(mid)
-            else:
-                self._awaiting[mid] = owner
-                return
-        if owner is not None:
-            self._done(owner)
-
-    def completed(self, mid: int) -> None:
-        with self._lock:
-            if mid not in self._awaiting:
-                self._early.add(mid)
-                return
-            owner = self._awaiting.pop(mid)
-        if owner is not None:
-            self._done(owner)
-
-    def owner(self, mid: int) -> Optional[object]:
-        with self._lock:
-            return self._awaiting.get(mid)
-
-    @property
-    def pending(self) -> int:
-        return len(self._awaiting)
-
-
 class MqttLink:
     """One paho client: status, intake of the given filters, replies and acks."""
 
@@ -185,7 +143,7 @@ class MqttLink:
         self._log = ThrottledLog(logger)
         self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
         self._stopping = False
-        self._safe = _AckWhenSafe(self._published)
+        self._safe = AwaitingPuback(self._published)
         self.outbox = outbox
         self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
         self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
