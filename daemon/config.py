@@ -21,6 +21,7 @@ from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
 from daemon.config_reader import Reader, load_yaml, systemd_base
+from daemon.config_reuse import ReuseConfig, read_reuse  # noqa: F401 - ReuseConfig re-exported
 from daemon.errors import ConfigError
 from daemon.rate import COALESCE_CHOICES
 from daemon.runtime import RUNTIME_CHOICES
@@ -60,21 +61,6 @@ class InputConfig:
     """Element type of raw payloads (json values are parsed as floats)."""
     max_bytes: int = DEFAULT_MAX_BYTES
     """Larger payloads are answered `too_large` before any decoding."""
-
-
-DEFAULT_REUSE_DEVICES = 10_000
-
-
-@dataclass(frozen=True)
-class ReuseConfig:
-    max_change: float = field(default=0.0, metadata={"doc_default": "required"})
-    """Largest absolute difference, element by element, between a device's input and the input of
-    its last inferred request for that result to be reused; in the model's float input units (after
-    `preprocess`, before INT8 quantization)."""
-    max_age_s: float = field(default=0.0, metadata={"doc_default": "required"})
-    """A result older than this (seconds since its inference) is never reused."""
-    devices: int = DEFAULT_REUSE_DEVICES
-    """Devices (request topics) remembered at most, least recently seen forgotten first."""
 
 
 @dataclass(frozen=True)
@@ -297,19 +283,8 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
         min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
-        reuse=_read_reuse(r, m, p),
+        reuse=read_reuse(r, m, p),
         escalate=read_escalate(r, m, p, captures),
-    )
-
-
-def _read_reuse(r: Reader, m: Mapping, p: str) -> Optional[ReuseConfig]:
-    if "reuse" not in m:
-        return None
-    s = r.section(m, "reuse", ReuseConfig, path=f"{p}.reuse")
-    return ReuseConfig(
-        max_change=r.get(s, "max_change", f"{p}.reuse", float, 0.0, minimum=0, required=True),
-        max_age_s=r.get(s, "max_age_s", f"{p}.reuse", float, 0.0, minimum=0, required=True),
-        devices=r.get(s, "devices", f"{p}.reuse", int, DEFAULT_REUSE_DEVICES, minimum=1),
     )
 
 

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from daemon.config import ReuseConfig
+from daemon.config_reuse import ReuseConfig
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ As with `raw`, the reply's `"id"` is null.
 }
 
 OUT = ROOT / "docs" / "config.md"
-SOURCES = (ROOT / "daemon" / "config.py", ROOT / "daemon" / "config_mqtt.py", ROOT / "daemon" / "config_cascade.py")
+SOURCES = (ROOT / "daemon" / "config.py", ROOT / "daemon" / "config_mqtt.py", ROOT / "daemon" / "config_cascade.py",
+           ROOT / "daemon" / "config_reuse.py")
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple": "list", "None": "null"}
 
