@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,6 +144,12 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def final_stats(self) -> dict:
+        """The JSON stats of the daemon's last "stopped; stats {...}" log line."""
+        found = re.findall(r"stopped; stats (\{.*\})", self.log())
+        assert found, self.log()[-2000:]
+        return json.loads(found[-1])
 
     def wait_for_log(self, text: str, count: int = 1) -> bool:
         """Until `text` has appeared `count` times in the log (or the daemon exited)."""

@@ -7,7 +7,6 @@ the outcome by counting replies per request id; waits are event-driven.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import threading
 import time
@@ -28,13 +27,6 @@ def _appliance_payloads(n: int) -> list[bytes]:
     with np.load(ROOT / "models/appliance/test.npz") as data:
         x = data["x"]
     return [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode() for i in range(n)]
-
-
-def _final_stats(log: str) -> dict:
-    """The JSON stats of the daemon's last log line ("stopped; stats {...}")."""
-    found = re.findall(r"stopped; stats (\{.*\})", log)
-    assert found, log[-2000:]
-    return json.loads(found[-1])
 
 
 def _wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
@@ -62,7 +54,7 @@ def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(t
     _burst(client, "plugs/t1/power", _appliance_payloads(1000))
     daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
     assert daemon.stop() == 0, daemon.log()
-    counts = _final_stats(daemon.log())["counts"]
+    counts = daemon.final_stats()["counts"]
     received = counts["received"]
     answered = counts.get("results", 0) + sum(v for k, v in counts.items() if k.startswith("errors."))
     assert received > 0 and answered == received  # every request the daemon took was processed...
@@ -251,7 +243,7 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     collector.wait_count("results/o1/appliance", 5)  # serving; most of the burst is still queued
     broker.stop()
     assert first.stop() == 0, first.log()  # drains with no broker: the replies go to the outbox
-    stats = _final_stats(first.log())
+    stats = first.final_stats()
     received = stats["counts"]["received"]
     assert stats["outbox"]["stored"] > 0 and stats["outbox"]["dropped"] == 0, stats["outbox"]
     broker.start()
@@ -259,6 +251,6 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     replies = _wait_unique_ids(collector, "results/o1/appliance", received)
     missing = set(range(received)) - {r["id"] for r in replies}
     assert not missing, (sorted(missing)[:10], second.log()[-3000:])
-    assert _final_stats(second.log() if second.stop() == 0 else "")["outbox"]["flushed"] == \
-        stats["outbox"]["stored"]
+    assert second.stop() == 0, second.log()
+    assert second.final_stats()["outbox"]["flushed"] == stats["outbox"]["stored"]
     collector.close()

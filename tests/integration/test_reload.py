@@ -64,7 +64,7 @@ def test_a_bad_model_on_sighup_leaves_the_old_one_serving(tmp_path, broker, clie
     assert replies[1]["label"] == before["label"] and daemon.proc.poll() is None
     assert daemon.log().count("Traceback") == 0
     assert daemon.stop() == 0
-    final = json.loads(daemon.log().rsplit("stopped; stats ", 1)[1].splitlines()[0])
+    final = daemon.final_stats()
     assert final["counts"]["reload_failures"] == 1
 
 

@@ -7,16 +7,10 @@ same as from one daemon.
 
 from __future__ import annotations
 
-import json
-import re
 import signal
 
 from tests.integration.conftest import Client, write_config
 from tests.integration.test_faults import _burst, _payloads, _wait_unique_ids
-
-
-def _received(log: str) -> int:
-    return json.loads(re.findall(r"stopped; stats (\{.*\})", log)[-1])["counts"].get("received", 0)
 
 
 def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_doubled(tmp_path, broker, start_daemon):
@@ -35,6 +29,6 @@ def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_double
     shares = []
     for daemon in daemons:
         assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
-        shares.append(_received(daemon.log()))
+        shares.append(daemon.final_stats()["counts"].get("received", 0))
     assert sum(shares) == n and min(shares) >= 0.2 * n, shares  # each does at least a fifth of the work
     collector.close()
