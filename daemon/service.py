@@ -311,8 +311,9 @@ class Service:
         for name, mc in self.config.models.items():
             if names is not None and name not in names:
                 continue
+            # Loaded to check it and read its digest, then dropped: each worker's copy is warmed up
+            # (and run once) when the workers start, so a model that cannot run still fails start-up.
             model = open_model(self.config, name, max_batch=1, sha256=self._pins.get(name))
-            model.warm_up()
             models[name] = ModelInfo(model.sha256, model.sample_shape)  # the interpreter goes: workers have theirs
             self._fingerprints[name] = (model.sha256, file_sha256(mc.labels))
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
