@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -197,7 +198,7 @@ class Model:
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
         try:
-            with quiet_native_info():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
+            with self._quiet():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
                 interp = self._new_interpreter()
                 interp.allocate_tensors()
             inputs = interp.get_input_details()
@@ -284,10 +285,14 @@ class Model:
                 n -= size
         return parts
 
+    def _quiet(self) -> AbstractContextManager:
+        """Only litert's XNNPACK delegate prints the banner: other backends never redirect fd 2."""
+        return quiet_native_info() if self.backend == "litert" and self.xnnpack else nullcontext()
+
     def _interpreter(self, size: int) -> Any:
         interp = self._interps.get(size)
         if interp is None:
-            with quiet_native_info():
+            with self._quiet():
                 interp = self._new_interpreter()
                 interp.resize_tensor_input(self.input.index, [size, *self.sample_shape])
                 interp.allocate_tensors()
