@@ -156,8 +156,7 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
     mark = clock()
     x = pipe.preprocess(x)
-    devices = [r.device for r in rows]
-    found = [None] * len(rows) if reuse is None else reuse.match(devices, x, pipe.model_sha256, mark)
+    found = [None] * len(rows) if reuse is None else reuse.match([r.device for r in rows], x, pipe.model_sha256, mark)
     todo = [row for row, hit in enumerate(found) if hit is None]
     if len(todo) == len(rows):  # the usual case: no reuse, no gather or scatter
         q = model.quantize(x)
@@ -178,7 +177,7 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     now = clock()
     stages["infer"] = now - mark - stages["preprocess"]
     if reuse is not None and todo:
-        reuse.remember([devices[r] for r in todo], x[todo], scores[todo], pipe.model_sha256,
+        reuse.remember([rows[r].device for r in todo], x[todo], scores[todo], pipe.model_sha256,
                        [rows[r].received_at for r in todo], now)
     return scores, cached, [hit is not None for hit in found], fresh
 
