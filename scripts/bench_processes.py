@@ -21,26 +21,21 @@ from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as paho
-import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from daemon.broker import Broker, end_process  # noqa: E402
-from daemon.config_reader import absolute_paths  # noqa: E402
+from daemon.bench_phases import write_bench_config  # noqa: E402
 
 TIMEOUT_S = 300.0
 
 
 def _config(workdir: Path, processes: int) -> Path:
-    raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
-    raw["cache"] = {"enabled": False, "dir": str(workdir / "cache")}
-    raw["mqtt"] = {**raw["mqtt"], "client_id": "bench", "session_expiry_s": 0 if processes == 1 else 3600}
-    raw["mqtt"]["outbox"] = {"dir": str(workdir / "outbox")}
-    raw["workers"] = {**raw["workers"], "processes": processes}
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    # Worker processes keep persistent sessions (their share waits for them across a restart).
+    return write_bench_config(ROOT / "config.yaml", workdir, "bench", {
+        "cache": {"enabled": False}, "workers": {"processes": processes},
+        "mqtt": {"session_expiry_s": 0 if processes == 1 else 3600}})
 
 
 def _payloads(n: int) -> list[bytes]:
@@ -51,16 +46,18 @@ def _payloads(n: int) -> list[bytes]:
 
 def measure(processes: int, payloads: list[bytes]) -> float:
     with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
-        cond, times, seen = threading.Condition(), [], set()
+        cond, times, seen, errors = threading.Condition(), [], set(), []
         c = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
 
         def on_message(client, userdata, msg):
             with cond:
                 if msg.topic.endswith("/status"):
                     seen.add(msg.payload)
-                elif json.loads(msg.payload)["id"] not in seen:
-                    seen.add(json.loads(msg.payload)["id"])
+                elif (reply := json.loads(msg.payload))["id"] not in seen:
+                    seen.add(reply["id"])
                     times.append(time.monotonic())
+                    if "error" in reply:  # results are counted, not replies: an `overloaded` is no result
+                        errors.append(reply["error"]["code"])
                 cond.notify_all()
         c.on_message = on_message
         c.connect("127.0.0.1", broker.port)
@@ -77,6 +74,7 @@ def measure(processes: int, payloads: list[bytes]) -> float:
             info.wait_for_publish(TIMEOUT_S)
         with cond:
             assert cond.wait_for(lambda: len(times) >= len(payloads), TIMEOUT_S), f"{len(times)} answered"
+        assert not errors, f"{len(errors)} of {len(payloads)} answered with an error ({errors[0]}), not a result"
         end_process(daemon, signal.SIGTERM, 60)
         c.disconnect()
         c.loop_stop()
