@@ -16,11 +16,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
 
-from daemon import preprocess, topics
+from daemon import topics
 from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
-from daemon.config_reader import Reader, load_yaml, systemd_base
+from daemon.config_reader import Reader, load_yaml, read_steps, systemd_base
 from daemon.config_reuse import ReuseConfig, read_reuse  # noqa: F401 - ReuseConfig re-exported
 from daemon.errors import ConfigError
 from daemon.rate import COALESCE_CHOICES
@@ -276,7 +276,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         subscribe=subscribe,
         model=r.get(m, "model", p, str, "", required=True),
         input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
-        preprocess=_read_steps(r, m, p),
+        preprocess=read_steps(r, m, p),
         top_k=r.get(output, "top_k", f"{p}.output", int, DEFAULT_TOP_K, minimum=1),
         publish=publish,
         validate_data=None if data is None else base / data,
@@ -310,17 +310,6 @@ def _pillow_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _read_steps(r: Reader, m: Mapping, p: str) -> tuple:
-    steps = r.get(m, "preprocess", p, list, []) or []
-    out = []
-    for j, item in enumerate(steps):
-        try:
-            out.append(preprocess.parse_step(item))
-        except ValueError as exc:
-            r.error(steps, j, f"{p}.preprocess", str(exc))
-    return tuple(out)
 
 
 def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:

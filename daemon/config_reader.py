@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import yaml
 
+from daemon import preprocess
 from daemon.errors import ConfigError
 
 _MISSING = object()
@@ -283,3 +284,15 @@ def systemd_base(variable: str, config_dir: Path) -> Path:
     under /etc never writes there; else the config file's own directory."""
     directory = os.environ.get(variable, "").split(":")[0]
     return Path(directory) if directory else config_dir
+
+
+def read_steps(r: Reader, m: Any, p: str) -> tuple:
+    """`p.preprocess`: a list of daemon.preprocess steps (each bad one reported by its index)."""
+    steps = r.get(m, "preprocess", p, list, []) or []
+    out = []
+    for j, item in enumerate(steps):
+        try:
+            out.append(preprocess.parse_step(item))
+        except ValueError as exc:
+            r.error(steps, j, f"{p}.preprocess", str(exc))
+    return tuple(out)

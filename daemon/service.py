@@ -332,7 +332,7 @@ class Service:
         for route in self.config.routes:
             pipe = self._pipeline(route)
             if route.escalate is not None and route.escalate.to_model is not None:  # daemon/cascade.py
-                large = self._pipeline(dataclasses.replace(route, model=route.escalate.to_model, escalate=None))
+                large = self._pipeline(route.escalate.large_route(route))
                 pipe = dataclasses.replace(pipe, escalate_to=large)
             pipes.append(pipe)
         return pipes

@@ -31,6 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from daemon import preprocess  # noqa: E402
 from daemon.cascade import Cascade  # noqa: E402
 from daemon.config import ModelConfig, load_config, open_model  # noqa: E402
 from daemon.config_cascade import EscalateConfig  # noqa: E402
@@ -43,15 +44,21 @@ TARGET_PT = 0.01  # the cascade may trail large-alone by this much accuracy
 GRID = {"score_below": np.round(np.arange(0.05, 1.0, 0.05), 2), "margin_below": np.round(np.arange(0.05, 1.0, 0.05), 2)}
 
 
+def large_steps() -> tuple:
+    """The large model's own preprocessing (`escalate.preprocess`), as its card records it."""
+    card = json.loads((ROOT / f"models/{LARGE}/card.json").read_text())
+    return tuple(preprocess.parse_step(step) for step in card["preprocessing"])
+
+
 def setup(escalate: EscalateConfig):
+    escalate = dataclasses.replace(escalate, to_model=LARGE, preprocess=large_steps())
     config = load_config(ROOT / "config.yaml")
     large = ModelConfig(LARGE, ROOT / f"models/{LARGE}/model.tflite", ROOT / f"models/{LARGE}/labels.txt")
     config = dataclasses.replace(config, models=MappingProxyType({**config.models, LARGE: large}))
     route = dataclasses.replace(find_route(config, ROUTE), escalate=escalate)
     fast_model, large_model = open_model(config, route.model), open_model(config, LARGE)
     pipe = route_pipeline(config, route, fast_model)
-    large_route = dataclasses.replace(route, model=LARGE, escalate=None)
-    large_pipe = route_pipeline(config, large_route, large_model)
+    large_pipe = route_pipeline(config, escalate.large_route(route), large_model)
     return route, dataclasses.replace(pipe, escalate_to=large_pipe), fast_model, large_pipe, large_model
 
 
@@ -100,7 +107,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="passes over the split for the CPU figures")
     args = parser.parse_args()
-    route, pipe, fast_model, large_pipe, large_model = setup(EscalateConfig(score_below=0.5, to_model=LARGE))
+    route, pipe, fast_model, large_pipe, large_model = setup(EscalateConfig(score_below=0.5))
     x, y = load_split(ROOT / f"models/{ROUTE}/test.npz", route)
     payloads = [json.dumps({"id": i, "data": row.tolist()}).encode() for i, row in enumerate(x)]
     fast, _ = run(pipe, fast_model, payloads)
@@ -108,7 +115,7 @@ def main() -> int:
     half_a, half_b = np.arange(len(y)) % 2 == 0, np.arange(len(y)) % 2 == 1
     key, t = choose(fast, large, y, half_a)
     route, pipe, fast_model, large_pipe, large_model = setup(
-        EscalateConfig(**{key: t}, to_model=LARGE, max_rate_per_s=1e9))
+        EscalateConfig(**{key: t}, max_rate_per_s=1e9))
     cpu = {"fast": [], "large": [], "cascade": []}
     for _ in range(args.repeat):
         cpu["fast"].append(run(pipe, fast_model, payloads)[1])

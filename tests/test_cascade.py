@@ -74,6 +74,14 @@ def test_escalate_is_read_with_its_defaults(tmp_path):
      "routes[0].escalate.to_topic: placeholder {2} but the subscribe filter has only 1"),
     ({"when": {"score_below": 0.6}, "to_model": "appliance"}, None,
      "routes[0].escalate.to_model: model 'appliance' takes [292, 1]"),
+    ({"when": {"score_below": 0.6}, "to_model": "activity_large", "preprocess": [{"reshape": {"shape": [600]}}]},
+     None, "model 'activity_large' takes [50, 6], but the route's input becomes [600] after escalate.preprocess"),
+    ({"when": {"score_below": 0.6}, "to_model": "activity_large", "preprocess": [{"reshape": {"shape": [7]}}]},
+     None, "routes[0].escalate.preprocess: step 0 (reshape): cannot reshape [100, 6] to [7]"),
+    ({"when": {"score_below": 0.6}, "to_model": "activity_large", "preprocess": [{"bogus_step": {}}]},
+     None, "routes[0].escalate.preprocess[0]"),
+    ({"when": {"score_below": 0.6}, "to_topic": "gpu/{1}/x", "preprocess": []}, None,
+     "routes[0].escalate.preprocess: applies only to to_model"),
     ({"when": {"margin_below": 0.2}, "to_model": "activity_large"}, {"output": {"top_k": 1}},
      "margin_below needs output.top_k of at least 2"),
     ({"when": {"score_below": 0.6}, "to_model": "activity_large", "timeout_ms": 0}, None,
@@ -99,7 +107,7 @@ def _serve(config_path: Path, payloads: list[bytes]) -> list[dict]:
     models = {name: Model(config.models[name].path) for name in ("activity", "activity_large")}
     pipe = route_pipeline(config, route, models["activity"])
     if route.escalate.to_model:
-        large_route = dataclasses.replace(route, model=route.escalate.to_model, escalate=None)
+        large_route = route.escalate.large_route(route)
         pipe = dataclasses.replace(pipe, escalate_to=route_pipeline(config, large_route, models["activity_large"]))
     d = Dispatcher([pipe], None, Stats(), WorkersConfig(max=1), lambda i: models)
     rec = Recorder()
@@ -134,6 +142,30 @@ def test_to_model_escalates_exactly_the_low_confidence_requests_and_labels_the_t
         large = r["id"] in low
         assert r["tier"] == ("local-large" if large else "local") and "escalation" not in r
         assert r["model"] == ("activity_large" if large else "activity")
+
+
+def test_to_model_runs_on_its_own_escalate_preprocess(tmp_path):
+    """`escalate.preprocess` replaces the route's steps for the heavier model only: here the large
+    tier skips the route's normalize, so its answers are those of the model on the merely
+    downsampled input, and the local tier's stay those of the route's pipeline."""
+    payloads = _requests()
+    own = [{"downsample": {"factor": 2, "axis": 0}}]
+    replies = _serve(_write_config(tmp_path, {"when": {"score_below": 1.01}, "to_model": "activity_large",
+                                              "preprocess": own, "max_rate_per_s": 1000}), payloads)
+    model = Model(ROOT / "models/activity/model.tflite")
+    x = np.array([json.loads(p)["data"] for p in payloads], dtype=np.float32)
+    expected = model.infer(x.reshape(len(x), 50, 2, 6).mean(axis=2))
+    assert all(r["tier"] == "local-large" for r in replies)
+    assert [r["index"] for r in replies] == [int(i) for i in expected.argmax(axis=1)]
+    assert [r["score"] for r in replies] == pytest.approx([float(s) for s in expected.max(axis=1)], abs=1e-6)
+    assert [r["index"] for r in replies] != [int(np.argmax(s)) for s in _local_scores_full(payloads)]
+
+
+def _local_scores_full(payloads) -> list:
+    config = load_config(ROOT / "config.yaml")
+    model = Model(config.models["activity"].path)
+    return [model.infer(route_pipeline(config, config.routes[0], model).preprocess(
+        np.array([json.loads(p)["data"]], dtype=np.float32)))[0] for p in payloads]
 
 
 def test_rate_cap_keeps_the_local_answer_and_says_so(tmp_path):
@@ -270,24 +302,31 @@ def test_far_error_keeps_the_local_answer(tmp_path):
 
 
 def test_bundled_appliance_large_is_a_valid_escalation_target_and_matches_its_card(tmp_path):
-    """models/appliance_large: the appliance route's cascade loads, and the card tells the truth."""
+    """models/appliance_large: the appliance route's cascade (with the large model's own
+    preprocessing, as its card records it) loads; the card tells the truth; and the large tier
+    is worth escalating to: more accurate than the fast model on the held-out split."""
     from daemon.config_reader import absolute_paths
     from daemon.evaluate import validate
     from daemon.runtime import file_sha256
 
+    card = json.loads((ROOT / "models/appliance_large/card.json").read_text())
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     raw["models"]["appliance_large"] = {"path": "models/appliance_large/model.tflite",
                                         "labels": "models/appliance_large/labels.txt"}
     for route in raw["routes"]:
         if route["name"] == "appliance":
-            route["escalate"] = {"when": {"score_below": 0.6}, "to_model": "appliance_large"}
+            route["escalate"] = {"when": {"score_below": 0.6}, "to_model": "appliance_large",
+                                 "preprocess": card["preprocessing"]}
     raw["mqtt"].pop("outbox", None)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(absolute_paths(raw, ROOT)))
     config = load_config(path)
-    card = json.loads((ROOT / "models/appliance_large/card.json").read_text())
-    large_route = dataclasses.replace(next(r for r in config.routes if r.name == "appliance"), model="appliance_large")
-    config = dataclasses.replace(config, routes=(large_route,))
-    report, _ = validate(config, "appliance", ROOT / "models/appliance_large/test.npz")
+    route = next(r for r in config.routes if r.name == "appliance")
+    config = dataclasses.replace(config, routes=(route.escalate.large_route(route),))
+    report, _ = validate(config, "appliance", ROOT / "models/appliance_large/test.npz",
+                         float_model=ROOT / "models/appliance_large/model_float.tflite")
     assert report["accuracy"] == pytest.approx(card["int8_accuracy"], abs=1e-4)
+    assert report["float_accuracy"] == pytest.approx(card["float_accuracy"], abs=1e-4)
     assert report["model_sha256"] == card["sha256"] == file_sha256(ROOT / "models/appliance_large/model.tflite")
+    fast = json.loads((ROOT / "models/appliance/card.json").read_text())
+    assert report["accuracy"] > fast["int8_accuracy"]

@@ -86,3 +86,42 @@ def test_far_tier_killed_mid_stream_every_request_answered_once_in_time(tmp_path
     # No reply waits past the request's own deadline, nor past timeout_ms after the far tier went.
     late = {i: client.arrived[i][0] - max(sent[i], killed_at) for i in range(N)}
     assert max(late.values()) <= TIMEOUT_MS / 1000 + SLACK_S, late
+
+
+def test_bundled_appliance_cascade_answers_the_unsure_with_the_large_model(tmp_path, broker, start_daemon):
+    """config.yaml's appliance route with its commented cascade switched on: `appliance_large`
+    reads the full-resolution trace (`escalate.preprocess`, from its card). The unsure requests
+    are answered by it, exactly as the large model alone answers them; the others locally."""
+    card = json.loads((ROOT / "models/appliance_large/card.json").read_text())
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    route = next(r for r in raw["routes"] if r["name"] == "appliance")
+    route.pop("validate", None)
+    threshold = 0.65
+    route["escalate"] = {"when": {"score_below": threshold}, "to_model": "appliance_large",
+                         "preprocess": card["preprocessing"], "max_rate_per_s": 1000}
+    models = {name: {"path": str(ROOT / f"models/{name}/model.tflite"),
+                     "labels": str(ROOT / f"models/{name}/labels.txt")} for name in ("appliance", "appliance_large")}
+    config = write_config(tmp_path, routes=[route], models=models, cache={"enabled": False})
+    with np.load(ROOT / "models/appliance/test.npz") as data:
+        x = data["x"][:20]
+    client = Client(broker)
+    try:
+        start_daemon(config, wait_online=client)
+        client.subscribe("results/+/appliance")
+        for i, row in enumerate(x):
+            client.publish("plugs/p1/power", json.dumps({"id": i, "data": row.tolist()}).encode())
+        replies = {r["id"]: r for r in client.wait_json("results/p1/appliance", 20)}
+    finally:
+        client.close()
+    from daemon import preprocess
+    from daemon.runtime import Model
+
+    steps = [preprocess.parse_step(s) for s in card["preprocessing"]]
+    large = Model(ROOT / "models/appliance_large/model.tflite").infer(preprocess.apply_steps(steps, x))
+    tiers = [replies[i]["tier"] for i in range(len(x))]
+    assert "local" in tiers and "local-large" in tiers, tiers
+    for i, r in replies.items():
+        if r["tier"] == "local-large":
+            assert r["model"] == "appliance_large" and r["index"] == int(large[i].argmax())
+        else:
+            assert r["model"] == "appliance" and r["score"] >= threshold
