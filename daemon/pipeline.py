@@ -156,30 +156,45 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
     mark = clock()
     x = pipe.preprocess(x)
-    found = [None] * len(rows) if reuse is None else reuse.match([r.device for r in rows], x, pipe.model_sha256, mark)
+    if reuse is None:  # the usual case: no per-device lookup, no gather or scatter
+        q = model.quantize(x)
+        stages["preprocess"] = clock() - mark
+        scores, cached, fresh = _scores(pipe, q, model, cache)
+        stages["infer"] = clock() - mark - stages["preprocess"]
+        return scores, cached, [False] * len(rows), fresh
+    devices = [r.device for r in rows]
+    found = reuse.match(devices, x, pipe.model_sha256, mark)
     todo = [row for row, hit in enumerate(found) if hit is None]
-    if len(todo) == len(rows):  # the usual case: no reuse, no gather or scatter
+    if len(todo) == len(rows):  # no hit: nothing to gather or scatter
         q = model.quantize(x)
         stages["preprocess"] = clock() - mark
         scores, cached, fresh = _scores(pipe, q, model, cache)
     else:
-        q = model.quantize(x[todo]) if todo else None
-        stages["preprocess"] = clock() - mark
-        scores, cached = np.empty((len(rows), model.num_outputs), dtype=np.float32), [False] * len(rows)
-        fresh = []
-        if q is not None:
-            scores[todo], hits, fresh = _scores(pipe, q, model, cache)
-            for row, hit in zip(todo, hits):
-                cached[row] = hit
-        for row, hit in enumerate(found):
-            if hit is not None:
-                scores[row] = hit
+        scores, cached, fresh = _partial(pipe, x, todo, found, model, cache, clock, mark, stages)
     now = clock()
     stages["infer"] = now - mark - stages["preprocess"]
-    if reuse is not None and todo:
-        reuse.remember([rows[r].device for r in todo], x[todo], scores[todo], pipe.model_sha256,
-                       [rows[r].received_at for r in todo], now)
+    if todo:  # the inferred rows become references; a hit row's device is left out (None)
+        inferred = devices if len(todo) == len(rows) else [d if hit is None else None for d, hit in zip(devices, found)]
+        reuse.remember(inferred, x, scores, pipe.model_sha256, [r.received_at for r in rows], now)
     return scores, cached, [hit is not None for hit in found], fresh
+
+
+def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, model: Runner,
+             cache: Optional[ScoreCache], clock: Clock, mark: float,
+             stages: dict) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+    """Some rows reused: the others (`todo`) are gathered, quantized and scored, then all are scattered back."""
+    q = model.quantize(x[todo]) if todo else None
+    stages["preprocess"] = clock() - mark
+    scores, cached = np.empty((len(found), model.num_outputs), dtype=np.float32), [False] * len(found)
+    fresh: list[CacheEntry] = []
+    if q is not None:
+        scores[todo], hits, fresh = _scores(pipe, q, model, cache)
+        for row, hit in zip(todo, hits):
+            cached[row] = hit
+    for row, hit in enumerate(found):
+        if hit is not None:
+            scores[row] = hit
+    return scores, cached, fresh
 
 
 def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], replies: list) -> np.ndarray:

@@ -18,25 +18,30 @@ cache (daemon/cache.py), which only catches inputs that quantize to the same ten
 The devices are an LRU bounded by `devices`; one lock guards a route's state, so
 several workers may handle the same device at once. A result computed for an older
 request never replaces one for a newer request of the same device.
+
+It is cheap on purpose, since a hit saves only one row's quantize and invoke: the rows of
+a batch that have a usable entry are compared in one vectorized step (per batch, not per
+row), a route that remembers nothing yet skips the comparison, and an entry is a plain
+tuple holding a private copy of its row (the callers' batch arrays are theirs to reuse).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from daemon.config_reuse import ReuseConfig
 
+_MAX = np.maximum.reduce
 
-@dataclass(frozen=True)
-class _Entry:
+
+class _Entry(NamedTuple):
     model_sha256: str  # a reloaded model's results are never served for the old one's
-    x: np.ndarray  # the inferred float input (after preprocessing), read-only
-    scores: np.ndarray  # read-only
+    x: np.ndarray  # the inferred float input (after preprocessing): a private copy, never handed out
+    scores: np.ndarray  # a private read-only copy: match hands it out
     received_at: float  # of the request it was computed for: older ones never replace newer
     computed_at: float  # its age counts from here
 
@@ -54,28 +59,47 @@ class DeviceReuse:
               now: float) -> list[Optional[np.ndarray]]:
         """Per row of x (preprocessed float input): the remembered scores to reuse, or None."""
         found: list[Optional[np.ndarray]] = [None] * len(devices)
+        hits = 0
         with self._lock:
-            for row, device in enumerate(devices):
-                entry = self._devices.get(device) if device is not None else None
-                if entry is not None and self._fits(entry, x[row], model_sha256, now):
-                    self._devices.move_to_end(device)
-                    found[row] = entry.scores
-            hits = sum(value is not None for value in found)
+            rows, entries = self._candidates(devices, x, model_sha256, now) if self._devices else ((), ())
+            if rows:
+                for row, entry, close in zip(rows, entries, self._close(x, rows, entries)):
+                    if close:
+                        self._devices.move_to_end(devices[row])
+                        found[row] = entry.scores
+                        hits += 1
             self._hits += hits
             self._misses += len(found) - hits
         return found
 
-    def _fits(self, entry: _Entry, x: np.ndarray, model_sha256: str, now: float) -> bool:
-        if entry.model_sha256 != model_sha256 or now - entry.computed_at >= self.config.max_age_s:
-            return False
-        if entry.x.shape != x.shape:
-            return False
-        return float(np.max(np.abs(x - entry.x), initial=0.0)) <= self.config.max_change
+    def _candidates(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
+                    now: float) -> tuple[list[int], list[_Entry]]:
+        """The rows whose device has an entry of this model, young enough, of the same shape."""
+        rows, entries, get, max_age_s, shape = [], [], self._devices.get, self.config.max_age_s, x.shape[1:]
+        for row, device in enumerate(devices):
+            entry = get(device) if device is not None else None
+            if (entry is not None and entry.model_sha256 == model_sha256 and now - entry.computed_at < max_age_s
+                    and entry.x.shape == shape):
+                rows.append(row)
+                entries.append(entry)
+        return rows, entries
+
+    def _close(self, x: np.ndarray, rows: list[int], entries: list[_Entry]) -> list[bool]:
+        """Per candidate row: max |x[row] - entry.x| <= max_change, for all of them at once."""
+        if len(rows) == 1:  # a request served alone: no stacking
+            diff = np.subtract(x[rows[0]], entries[0].x)
+            np.abs(diff, out=diff)
+            return [float(_MAX(diff, axis=None, initial=0.0)) <= self.config.max_change]
+        diff = (x if len(rows) == len(x) else x[rows]) - np.array([e.x for e in entries])
+        diff = diff.reshape(len(rows), -1)
+        np.abs(diff, out=diff)
+        return (_MAX(diff, axis=1, initial=0.0) <= self.config.max_change).tolist()
 
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
                  model_sha256: str, received_at: Sequence[float], now: float) -> None:
         """Rows that were inferred (or found in the result cache) become their device's reference."""
-        entries = [(device, _Entry(model_sha256, _frozen(x[row]), _frozen(scores[row]), received_at[row], now))
+        x = np.asarray(x, dtype=np.float32)
+        entries = [(device, _Entry(model_sha256, x[row].copy(), _frozen(scores[row]), received_at[row], now))
                    for row, device in enumerate(devices) if device is not None]
         with self._lock:
             for device, entry in entries:
@@ -94,6 +118,6 @@ class DeviceReuse:
 
 def _frozen(a: np.ndarray) -> np.ndarray:
     """A private read-only copy: the batch arrays it comes from are reused by the caller."""
-    value = np.array(a, dtype=np.float32)
-    value.flags.writeable = False
+    value = a.astype(np.float32)  # always a copy
+    value.setflags(write=False)
     return value
