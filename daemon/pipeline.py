@@ -50,7 +50,7 @@ class ReuseState(Protocol):
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]: ...
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
-                 model_sha256: str, received_at: Sequence[float], now: float) -> None: ...
+                 model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -164,19 +164,21 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
         return scores, cached, [False] * len(rows), fresh
     devices = [r.device for r in rows]
     found = reuse.match(devices, x, pipe.model_sha256, mark)
-    todo = [row for row, hit in enumerate(found) if hit is None]
-    if len(todo) == len(rows):  # no hit: nothing to gather or scatter
+    reused = [hit is not None for hit in found]
+    if True not in reused:  # no hit: nothing to gather or scatter, every row becomes a reference
         q = model.quantize(x)
         stages["preprocess"] = clock() - mark
         scores, cached, fresh = _scores(pipe, q, model, cache)
-    else:
+        inferred: Optional[list] = devices
+    else:  # the inferred rows become references; a hit row's device is left out (None)
+        todo = [row for row, hit in enumerate(reused) if not hit]
         scores, cached, fresh = _partial(pipe, x, todo, found, model, cache, clock, mark, stages)
+        inferred = [None if hit else d for d, hit in zip(devices, reused)] if todo else None
     now = clock()
     stages["infer"] = now - mark - stages["preprocess"]
-    if todo:  # the inferred rows become references; a hit row's device is left out (None)
-        inferred = devices if len(todo) == len(rows) else [d if hit is None else None for d, hit in zip(devices, found)]
-        reuse.remember(inferred, x, scores, pipe.model_sha256, [r.received_at for r in rows], now)
-    return scores, cached, [hit is not None for hit in found], fresh
+    if inferred is not None:
+        reuse.remember(inferred, x, scores, pipe.model_sha256, [r.received_at for r in rows], now, owned=True)
+    return scores, cached, reused, fresh
 
 
 def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, model: Runner,

@@ -19,10 +19,11 @@ The devices are an LRU bounded by `devices`; one lock guards a route's state, so
 several workers may handle the same device at once. A result computed for an older
 request never replaces one for a newer request of the same device.
 
-It is cheap on purpose, since a hit saves only one row's quantize and invoke: the rows of
-a batch that have a usable entry are compared in one vectorized step (per batch, not per
-row), a route that remembers nothing yet skips the comparison, and an entry is a plain
-tuple holding a private copy of its row (the callers' batch arrays are theirs to reuse).
+It is cheap on purpose, since a hit saves only one row's quantize and invoke: a request
+served alone (the lightly loaded case) takes a path without lists or stacking, the rows
+of a bigger batch that have a usable entry are compared in one vectorized step, a route
+that remembers nothing yet skips the comparison, and an entry is a plain tuple holding a
+private copy of its row (the callers' batch arrays are theirs to reuse).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class DeviceReuse:
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]:
         """Per row of x (preprocessed float input): the remembered scores to reuse, or None."""
+        if len(devices) == 1:  # a request served alone, the lightly loaded case: no lists, no stacking
+            return [self._match_one(devices[0], x, model_sha256, now)]
         found: list[Optional[np.ndarray]] = [None] * len(devices)
         hits = 0
         with self._lock:
@@ -72,48 +75,89 @@ class DeviceReuse:
             self._misses += len(found) - hits
         return found
 
+    def _match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str, now: float) -> Optional[np.ndarray]:
+        with self._lock:
+            entry = self._devices.get(device) if device is not None else None
+            if entry is not None and self._usable(entry, model_sha256, now, x.shape[1:]) and _within(
+                    x[0], entry.x, self.config.max_change):
+                self._devices.move_to_end(device)
+                self._hits += 1
+                return entry.scores
+            self._misses += 1
+            return None
+
+    def _usable(self, entry: _Entry, model_sha256: str, now: float, shape: tuple) -> bool:
+        """Of this model, young enough and of the same shape: worth comparing with."""
+        return (entry.model_sha256 == model_sha256 and now - entry.computed_at < self.config.max_age_s
+                and entry.x.shape == shape)
+
     def _candidates(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
                     now: float) -> tuple[list[int], list[_Entry]]:
-        """The rows whose device has an entry of this model, young enough, of the same shape."""
-        rows, entries, get, max_age_s, shape = [], [], self._devices.get, self.config.max_age_s, x.shape[1:]
+        """The rows whose device has a usable entry, and those entries."""
+        rows, entries, get, shape = [], [], self._devices.get, x.shape[1:]
         for row, device in enumerate(devices):
             entry = get(device) if device is not None else None
-            if (entry is not None and entry.model_sha256 == model_sha256 and now - entry.computed_at < max_age_s
-                    and entry.x.shape == shape):
+            if entry is not None and self._usable(entry, model_sha256, now, shape):
                 rows.append(row)
                 entries.append(entry)
         return rows, entries
 
     def _close(self, x: np.ndarray, rows: list[int], entries: list[_Entry]) -> list[bool]:
         """Per candidate row: max |x[row] - entry.x| <= max_change, for all of them at once."""
-        if len(rows) == 1:  # a request served alone: no stacking
-            diff = np.subtract(x[rows[0]], entries[0].x)
-            np.abs(diff, out=diff)
-            return [float(_MAX(diff, axis=None, initial=0.0)) <= self.config.max_change]
         diff = (x if len(rows) == len(x) else x[rows]) - np.array([e.x for e in entries])
         diff = diff.reshape(len(rows), -1)
         np.abs(diff, out=diff)
         return (_MAX(diff, axis=1, initial=0.0) <= self.config.max_change).tolist()
 
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
-                 model_sha256: str, received_at: Sequence[float], now: float) -> None:
-        """Rows that were inferred (or found in the result cache) become their device's reference."""
+                 model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None:
+        """Rows that were inferred (or found in the result cache) become their device's reference.
+
+        `owned`: the caller hands x and scores over and never writes them again (the pipeline's
+        own per-call arrays), so a single row is kept as it is instead of copied; the rows of a
+        bigger batch are always copied, lest one remembered row keep its whole batch alive."""
         x = np.asarray(x, dtype=np.float32)
+        if len(devices) == 1:
+            if devices[0] is not None:
+                kept = (x[0], _read_only(scores[0])) if owned else (x[0].copy(), _frozen(scores[0]))
+                with self._lock:
+                    self._store(devices[0], _Entry(model_sha256, *kept, received_at[0], now))
+            return
         entries = [(device, _Entry(model_sha256, x[row].copy(), _frozen(scores[row]), received_at[row], now))
                    for row, device in enumerate(devices) if device is not None]
         with self._lock:
             for device, entry in entries:
-                old = self._devices.get(device)
-                if old is not None and old.received_at > entry.received_at:
-                    continue  # another worker already stored a newer request's result
-                self._devices[device] = entry
-                self._devices.move_to_end(device)
-            while len(self._devices) > self.config.devices:
-                self._devices.popitem(last=False)
+                self._store(device, entry)
+
+    def _store(self, device: str, entry: _Entry) -> None:
+        """Under the lock: the device's new reference, unless it has a newer one; then the LRU bound."""
+        old = self._devices.get(device)
+        if old is not None and old.received_at > entry.received_at:
+            return  # another worker already stored a newer request's result
+        self._devices[device] = entry
+        self._devices.move_to_end(device)
+        while len(self._devices) > self.config.devices:
+            self._devices.popitem(last=False)
 
     def snapshot(self) -> dict:
         with self._lock:
             return {"devices": len(self._devices), "hits": self._hits, "misses": self._misses}
+
+
+def _within(x: np.ndarray, ref: np.ndarray, max_change: float) -> bool:
+    """max |x - ref| <= max_change, for one row; the first element alone settles most misses."""
+    if x.size and abs(x.item(0) - ref.item(0)) > max_change:
+        return False
+    diff = np.subtract(x, ref)
+    np.abs(diff, out=diff)
+    return float(_MAX(diff, axis=None, initial=0.0)) <= max_change
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view: match hands the scores out, and the owner promised not to write them."""
+    view = a.view()
+    view.setflags(write=False)
+    return view
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
