@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Hit rate, CPU and accuracy of the per-device reuse fast path (routes[].reuse) on the bundled test sets.
 
-    python scripts/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5]
+    python scripts/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5] [--batch round 1]
 
 Each class's test series are joined into one long recording, one device per class, and
 each device sends overlapping sliding windows of the route's input length, `--step` of a
 window apart; every window is labelled with its class. Each round (one window per
 device) goes through the real pipeline (`daemon.pipeline.handle_batch`, the daemon's
-model and preprocessing, no result cache) as one batch, on a virtual clock advancing
-`--period` seconds per round. The same replay runs without reuse and with reuse at each
-epsilon; CPU is this process's CPU time (time.process_time) over `--repeat` replays,
-each with a fresh reuse state. Prints one JSON line per (route, epsilon).
+model and preprocessing, no result cache) on a virtual clock advancing `--period`
+seconds per round, either as one batch (`--batch round`: a loaded daemon, whose workers
+batch what queued up) or one request per call (`--batch 1`: a lightly loaded daemon,
+where each request reaches a worker alone). The same replay runs without reuse and with
+reuse at each epsilon, the variants taking turns within each of `--repeat` passes (each
+with a fresh reuse state) so that they share the machine's noise; CPU is this process's
+CPU time (time.process_time) over the replays. Prints one JSON line per (route, batch, epsilon).
 """
 
 from __future__ import annotations
@@ -51,28 +54,34 @@ def recordings(x: np.ndarray, y: np.ndarray, step_frac: float) -> tuple[np.ndarr
 
 
 def replay(pipe, model, windows: np.ndarray, labels: np.ndarray, reuse: Optional[DeviceReuse],
-           period_s: float) -> tuple[int, int]:
-    """(correct, reused) over every window; one batch per round."""
+           period_s: float, batch: str) -> tuple[int, int]:
+    """(correct, reused) over every window; one batch per round, or one call per request (`batch` "1")."""
     correct = reused = 0
     devices = [f"dev{i}" for i in range(windows.shape[1])]
     for k, round_x in enumerate(windows):
         now = k * period_s
         requests = [Request(w.astype("<f4").tobytes(), now, None, d) for w, d in zip(round_x, devices)]
-        replies = handle_batch(pipe, requests, model, None, lambda: now, reuse).replies
+        groups = [requests] if batch == "round" else [[r] for r in requests]
+        replies = [o for g in groups for o in handle_batch(pipe, g, model, None, lambda: now, reuse).replies]
         correct += sum(int(r["index"] == label) for r, label in zip(replies, labels))
         reused += sum(bool(r.get("reused")) for r in replies)
     return correct, reused
 
 
-def measure(pipe, model, windows, labels, eps: Optional[float], repeat: int, period_s: float) -> dict:
-    started = time.process_time()
+def measure(pipe, model, windows, labels, eps_list: list, repeat: int, period_s: float, batch: str) -> list[dict]:
+    """One row per epsilon (None: without reuse); the variants take turns within each pass."""
+    replay(pipe, model, windows, labels, None, period_s, batch)  # warm-up: interpreters, arenas
+    cpu_s, results = [0.0] * len(eps_list), [(0, 0)] * len(eps_list)
     for _ in range(repeat):
-        reuse = None if eps is None else DeviceReuse(ReuseConfig(eps, MAX_AGE_S))
-        correct, reused = replay(pipe, model, windows, labels, reuse, period_s)
-    cpu_s = time.process_time() - started
+        for i, eps in enumerate(eps_list):
+            reuse = None if eps is None else DeviceReuse(ReuseConfig(eps, MAX_AGE_S))
+            started = time.process_time()
+            results[i] = replay(pipe, model, windows, labels, reuse, period_s, batch)
+            cpu_s[i] += time.process_time() - started
     n = windows.shape[0] * windows.shape[1]
-    return {"eps": eps, "n": n, "accuracy": round(correct / n, 4), "hit_rate": round(reused / n, 4),
-            "cpu_us_per_request": round(cpu_s / (repeat * n) * 1e6, 1)}
+    return [{"batch": batch, "eps": eps, "n": n, "accuracy": round(correct / n, 4), "hit_rate": round(reused / n, 4),
+             "cpu_us_per_request": round(cpu / (repeat * n) * 1e6, 1)}
+            for eps, cpu, (correct, reused) in zip(eps_list, cpu_s, results)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -82,6 +91,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--step", type=float, default=0.1, help="window step, as a fraction of the window")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--period", type=float, default=1.0, help="virtual seconds between a device's requests")
+    parser.add_argument("--batch", nargs="+", choices=["round", "1"], default=["round", "1"],
+                        help="round: one handle_batch per round (all devices); 1: one per request")
     args = parser.parse_args(argv)
     config = load_config(Path(args.config))
     for name, data in ROUTES.items():
@@ -89,14 +100,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = open_model(config, route.model)
         pipe = route_pipeline(config, route, model)
         windows, labels = recordings(*load_split(ROOT / data, route), args.step)
-        measure(pipe, model, windows, labels, None, 1, args.period)  # warm-up: interpreters, arenas
-        base = measure(pipe, model, windows, labels, None, args.repeat, args.period)
-        print(json.dumps({"route": name, **base, "step": args.step}))
-        for eps in args.eps:
-            row = measure(pipe, model, windows, labels, eps, args.repeat, args.period)
-            row["accuracy_change_pt"] = round((row["accuracy"] - base["accuracy"]) * 100, 2)
-            row["cpu_saved"] = round(1 - row["cpu_us_per_request"] / base["cpu_us_per_request"], 3)
-            print(json.dumps({"route": name, **row, "step": args.step}))
+        for batch in args.batch:
+            base, *rows = measure(pipe, model, windows, labels, [None, *args.eps], args.repeat, args.period, batch)
+            print(json.dumps({"route": name, **base, "step": args.step}), flush=True)
+            for row in rows:
+                row["accuracy_change_pt"] = round((row["accuracy"] - base["accuracy"]) * 100, 2)
+                row["cpu_saved"] = round(1 - row["cpu_us_per_request"] / base["cpu_us_per_request"], 3)
+                print(json.dumps({"route": name, **row, "step": args.step}), flush=True)
     return 0
 
 
