@@ -135,3 +135,31 @@ def test_config_reads_reuse_and_reports_bad_values(tmp_path):
     text = "\n".join(err.value.errors)
     for key in ("reuse.max_change", "reuse.max_age_s", "reuse.devices", "reuse.every"):
         assert f"routes[0].{key}" in text, text
+
+
+def test_batch_and_single_row_comparisons_agree_with_max_abs_difference():
+    """The vectorized batch compare, the single-row path and its first-element early out."""
+    rng = np.random.default_rng(7)
+    reuse, scores = _reuse(), np.arange(12, dtype=np.float32).reshape(4, 3)
+    ref = rng.normal(size=(4, 5, 2)).astype(np.float32)
+    reuse.remember(["a", "b", "c", "d"], ref, scores, "m", [0.0] * 4, now=0.0)
+    x = ref.copy()
+    x[0, 0, 0] += 0.4  # a hit: the first element moved, by less than EPS
+    x[1, 4, 1] += 0.6  # a miss the first element does not show
+    x[2, 0, 0] += 0.6  # a miss the first element shows
+    found = reuse.match(["a", "b", "c", "d", "e"], np.concatenate([x, x[:1]]), "m", 1.0)
+    assert [f is not None for f in found] == [True, False, False, True, False]
+    assert np.array_equal(found[0], scores[0]) and not found[0].flags.writeable
+    for device, row in zip("abcd", x):  # one request at a time: the same answers
+        assert (reuse.match([device], row[None], "m", 1.0)[0] is not None) == (device in "ad")
+
+
+def test_remember_copies_unless_the_caller_hands_its_arrays_over():
+    reuse, x, scores = _reuse(), np.zeros((1, 2), np.float32), np.ones((1, 3), np.float32)
+    reuse.remember(["d"], x, scores, "m", [0.0], now=0.0)
+    x += 5.0
+    scores += 1.0  # the caller's buffers are its own to reuse
+    found = reuse.match(["d"], np.zeros((1, 2), np.float32), "m", 1.0)[0]
+    assert found is not None and np.array_equal(found, [1, 1, 1]) and not found.flags.writeable
+    reuse.remember(["e"], x, scores, "m", [0.0], now=0.0, owned=True)
+    assert not reuse.match(["e"], x, "m", 1.0)[0].flags.writeable
