@@ -36,7 +36,9 @@ class Runner(Protocol):
     num_outputs: int
 
     def quantize(self, batch: np.ndarray) -> np.ndarray: ...
-    def infer_quantized(self, q: np.ndarray) -> np.ndarray: ...
+    def infer_quantized(self, q: np.ndarray) -> np.ndarray:
+        """A new array, the caller's to keep: the reuse fast path remembers a single row as is."""
+        ...
 
 
 class ScoreCache(Protocol):
