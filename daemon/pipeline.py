@@ -53,6 +53,10 @@ class ReuseState(Protocol):
               now: float) -> list[Optional[np.ndarray]]: ...
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
                  model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None: ...
+    def match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str,
+                  now: float) -> Optional[np.ndarray]: ...
+    def remember_one(self, device: Optional[str], x: np.ndarray, scores: np.ndarray, model_sha256: str,
+                     received_at: float, now: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,8 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
         scores, cached, fresh = _scores(pipe, q, model, cache)
         stages["infer"] = clock() - mark - stages["preprocess"]
         return scores, cached, [False] * len(rows), fresh
+    if len(rows) == 1:  # a request served alone (a lightly loaded daemon): no lists, no gather
+        return _one_row(pipe, x, rows[0], model, cache, reuse, clock, mark, stages)
     devices = [r.device for r in rows]
     found = reuse.match(devices, x, pipe.model_sha256, mark)
     reused = [hit is not None for hit in found]
@@ -181,6 +187,25 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     if inferred is not None:
         reuse.remember(inferred, x, scores, pipe.model_sha256, [r.received_at for r in rows], now, owned=True)
     return scores, cached, reused, fresh
+
+
+def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, cache: Optional[ScoreCache],
+             reuse: ReuseState, clock: Clock, mark: float,
+             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+    """One request on a route with reuse: its device's last result when the input barely moved,
+    else the cache or the model, and then the input and scores become the device's reference."""
+    hit = reuse.match_one(row.device, x[0], pipe.model_sha256, mark)
+    if hit is not None:
+        stages["preprocess"] = clock() - mark
+        stages["infer"] = 0.0
+        return hit[None], [False], [True], []
+    q = model.quantize(x)
+    stages["preprocess"] = clock() - mark
+    scores, cached, fresh = _scores(pipe, q, model, cache)
+    now = clock()
+    stages["infer"] = now - mark - stages["preprocess"]
+    reuse.remember_one(row.device, x[0], scores[0], pipe.model_sha256, row.received_at, now)
+    return scores, cached, [False], fresh
 
 
 def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, model: Runner,

@@ -59,8 +59,8 @@ class DeviceReuse:
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]:
         """Per row of x (preprocessed float input): the remembered scores to reuse, or None."""
-        if len(devices) == 1:  # a request served alone, the lightly loaded case: no lists, no stacking
-            return [self._match_one(devices[0], x, model_sha256, now)]
+        if len(devices) == 1:
+            return [self.match_one(devices[0], x[0], model_sha256, now)]
         found: list[Optional[np.ndarray]] = [None] * len(devices)
         hits = 0
         with self._lock:
@@ -75,11 +75,12 @@ class DeviceReuse:
             self._misses += len(found) - hits
         return found
 
-    def _match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str, now: float) -> Optional[np.ndarray]:
+    def match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str, now: float) -> Optional[np.ndarray]:
+        """One request served alone (the lightly loaded case, no lists): x is its preprocessed row."""
         with self._lock:
             entry = self._devices.get(device) if device is not None else None
-            if entry is not None and self._usable(entry, model_sha256, now, x.shape[1:]) and _within(
-                    x[0], entry.x, self.config.max_change):
+            if entry is not None and self._usable(entry, model_sha256, now, x.shape) and _within(
+                    x, entry.x, self.config.max_change):
                 self._devices.move_to_end(device)
                 self._hits += 1
                 return entry.scores
@@ -118,15 +119,22 @@ class DeviceReuse:
         bigger batch are always copied, lest one remembered row keep its whole batch alive."""
         x = np.asarray(x, dtype=np.float32)
         if len(devices) == 1:
-            if devices[0] is not None:
-                kept = (x[0], _read_only(scores[0])) if owned else (x[0].copy(), _frozen(scores[0]))
-                with self._lock:
-                    self._store(devices[0], _Entry(model_sha256, *kept, received_at[0], now))
+            row = (x[0], scores[0]) if owned else (x[0].copy(), scores[0].copy())
+            self.remember_one(devices[0], *row, model_sha256, received_at[0], now)
             return
         entries = [(device, _Entry(model_sha256, x[row].copy(), _frozen(scores[row]), received_at[row], now))
                    for row, device in enumerate(devices) if device is not None]
         with self._lock:
             for device, entry in entries:
+                self._store(device, entry)
+
+    def remember_one(self, device: Optional[str], x: np.ndarray, scores: np.ndarray, model_sha256: str,
+                     received_at: float, now: float) -> None:
+        """One inferred row, handed over: the caller never writes x or scores again (they are kept
+        as they are, not copied)."""
+        if device is not None:
+            entry = _Entry(model_sha256, x, _read_only(scores), received_at, now)
+            with self._lock:
                 self._store(device, entry)
 
     def _store(self, device: str, entry: _Entry) -> None:
