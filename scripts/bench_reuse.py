@@ -2,6 +2,7 @@
 """Hit rate, CPU and accuracy of the per-device reuse fast path (routes[].reuse) on the bundled test sets.
 
     python scripts/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5] [--batch round 1]
+                                  [--per-device]
 
 Each class's test series are joined into one long recording, one device per class, and
 each device sends overlapping sliding windows of the route's input length, `--step` of a
@@ -14,6 +15,8 @@ where each request reaches a worker alone). The same replay runs without reuse a
 reuse at each epsilon, the variants taking turns within each of `--repeat` passes (each
 with a fresh reuse state) so that they share the machine's noise; CPU is this process's
 CPU time (time.process_time) over the replays. Prints one JSON line per (route, batch, epsilon).
+`--per-device` then replays each device alone, one request per call: a quiet device (a
+standing wearer) and a busy one (running) apart, as a fleet of mostly idle sensors would be.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--period", type=float, default=1.0, help="virtual seconds between a device's requests")
     parser.add_argument("--batch", nargs="+", choices=["round", "1"], default=["round", "1"],
                         help="round: one handle_batch per round (all devices); 1: one per request")
+    parser.add_argument("--per-device", action="store_true",
+                        help="also replay each device alone (one request per call): quiet and busy devices apart")
     args = parser.parse_args(argv)
     config = load_config(Path(args.config))
     for name, data in ROUTES.items():
@@ -101,13 +106,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         pipe = route_pipeline(config, route, model)
         windows, labels = recordings(*load_split(ROOT / data, route), args.step)
         for batch in args.batch:
-            base, *rows = measure(pipe, model, windows, labels, [None, *args.eps], args.repeat, args.period, batch)
-            print(json.dumps({"route": name, **base, "step": args.step}), flush=True)
-            for row in rows:
-                row["accuracy_change_pt"] = round((row["accuracy"] - base["accuracy"]) * 100, 2)
-                row["cpu_saved"] = round(1 - row["cpu_us_per_request"] / base["cpu_us_per_request"], 3)
-                print(json.dumps({"route": name, **row, "step": args.step}), flush=True)
+            report(args, {"route": name}, pipe, model, windows, labels, batch)
+        for d, label in enumerate(labels if args.per_device else []):
+            device = {"route": name, "device": pipe.labels[int(label)]}
+            report(args, device, pipe, model, windows[:, d:d + 1], labels[d:d + 1], "1")
     return 0
+
+
+def report(args, key: dict, pipe, model, windows, labels, batch: str) -> None:
+    """One JSON line without reuse, then one per epsilon with its accuracy change and CPU saved."""
+    base, *rows = measure(pipe, model, windows, labels, [None, *args.eps], args.repeat, args.period, batch)
+    print(json.dumps({**key, **base, "step": args.step}), flush=True)
+    for row in rows:
+        row["accuracy_change_pt"] = round((row["accuracy"] - base["accuracy"]) * 100, 2)
+        row["cpu_saved"] = round(1 - row["cpu_us_per_request"] / base["cpu_us_per_request"], 3)
+        print(json.dumps({**key, **row, "step": args.step}), flush=True)
 
 
 if __name__ == "__main__":
