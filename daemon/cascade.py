@@ -177,9 +177,10 @@ class RemoteCascade:
         self._thread.start()
 
     def park(self, inbound: Inbound, reply_topic: str, local: dict, timeout_s: float) -> bytes:
-        """Hold a request's local answer until the far tier answers or `timeout_s` passes."""
+        """Hold a request's local answer until the far tier answers or `timeout_s` has passed since
+        the request arrived (its queueing and local inference count: the user waits for those too)."""
         corr = f"{self._prefix}-{next(self._ids)}".encode()
-        deadline = self._clock() + timeout_s
+        deadline = inbound.received_at + timeout_s
         with self._cond:
             self._pending[corr] = _Pending(inbound, reply_topic, local, deadline)
             heapq.heappush(self._heap, (deadline, corr))

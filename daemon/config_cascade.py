@@ -42,7 +42,8 @@ class EscalateConfig:
     """Or: a heavier tier elsewhere (MQTT v5 request/response), a template like `publish`.
     Exactly one of `to_model` and `to_topic`."""
     timeout_ms: float = DEFAULT_TIMEOUT_MS
-    """`to_topic`: past this the local answer is sent, with `"escalation": "timeout"`."""
+    """`to_topic`: this long after the request arrived (its queueing and local inference count) the
+    local answer is sent, with `"escalation": "timeout"`."""
     max_rate_per_s: float = DEFAULT_MAX_RATE_PER_S
     """Escalations per second at most (token bucket, burst of one second's worth); beyond it the
     local answer is sent (`to_topic`: with `"escalation": "rate_limited"`)."""

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import yaml
 
-from daemon.cascade import TokenBucket
+from daemon.cascade import RemoteCascade, TokenBucket
 from daemon.config import WorkersConfig, load_config
 from daemon.dispatch import Dispatcher
 from daemon.errors import ConfigError
 from daemon.evaluate import route_pipeline
+from daemon.mqtt import Inbound
 from daemon.pipeline import handle
 from daemon.runtime import Model
 from daemon.stats import Stats
@@ -183,6 +184,24 @@ def test_token_bucket_refills_at_its_rate():
     assert [bucket.take() for _ in range(3)] == [True, True, False]
     now[0] = 0.5
     assert bucket.take() and not bucket.take()
+
+
+def test_the_far_tier_timeout_counts_from_the_requests_arrival():
+    """A request that waited in the queue and in local inference has that time taken off its
+    wait for the far tier: the user waits for all of it."""
+    now = [100.0]
+    sent = []
+    far = RemoteCascade("r", lambda inbound, topic, reply: sent.append(reply), clock=lambda: now[0])
+    late = Inbound(topic="s/a/imu", payload=b"{}", qos=1, mid=1, received_at=99.7)   # arrived 300 ms ago
+    fresh = Inbound(topic="s/b/imu", payload=b"{}", qos=1, mid=2, received_at=100.0)
+    far.park(late, "results/a", {"id": "late"}, timeout_s=0.5)
+    far.park(fresh, "results/b", {"id": "fresh"}, timeout_s=0.5)
+    now[0] = 100.25
+    far.expire_due()
+    assert sent == [{"id": "late", "escalation": "timeout"}]
+    now[0] = 100.5
+    far.expire_due()
+    assert [r["id"] for r in sent] == ["late", "fresh"] and far.pending == 0
 
 
 # --- to_topic: the far tier is simulated at the dispatcher's seam (tests/integration has the real one) ---
