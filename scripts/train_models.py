@@ -5,7 +5,7 @@
     python scripts/train_models.py    # all models; or name some: activity appliance appliance_large digits
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
-(config.yaml, or the test fixture's config for `digits`), runs the daemon's own
+(config.yaml; models/appliance_large/config.yaml; the test fixture's for `digits`), runs the daemon's own
 `daemon.preprocess` code over real data, trains a small Keras model on exactly that
 output, converts it to a float reference (`model_float.tflite`) and to a full-integer
 INT8 model (`model.tflite`, int8 in and out), scores both with `daemon.runtime`, and
@@ -51,7 +51,6 @@ class Spec:
     notes: str = ""
     members: int = 1         # >1: an ensemble of seeds, averaged inside one model
     label_smoothing: float = 0.0
-    steps: Optional[tuple] = None  # the model's own preprocessing (a cascade's `escalate.preprocess`), else the route's
     fit: Optional[Callable] = None  # (spec, x, y, n_classes) -> (float model, model to quantize); else fit_members
     training: Optional[dict] = None  # the card's "training", when `fit` is not fit_members
 
@@ -127,12 +126,6 @@ def fit_minirocket(spec: "Spec", x: np.ndarray, y: np.ndarray, n_classes: int):
     return minirocket_tflite.fit(x, y, n_classes, SEED, lambda model, rep: convert(model, rep, quantize=True))
 
 
-# The heavy tier reads the full-resolution trace: ÷5 halves MiniRocket's accuracy on ACSF1
-# (0.85 against 0.91 with aeon's own transform and ridge), as ÷2 and ÷4 do worse still.
-APPLIANCE_LARGE_STEPS = ({"standardize": {"axis": 0, "eps": 1e-6}}, {"clip": {"min": -3.0, "max": 3.0}},
-                         {"reshape": {"shape": [1460, 1]}})
-
-
 def build_digits(shape, n_classes):
     from tensorflow import keras
     from tensorflow.keras import layers
@@ -156,15 +149,17 @@ SPECS = [
                "z-normalized per trace, so the route standardizes each window (raw watts work too). "
                "Downsampling is by 5, not 4: many traces hold a period-4 oscillation that a mean over "
                "groups of 4 cancels exactly (1-NN accuracy fell from 0.54 to 0.22)"),
-    Spec("appliance_large", "config.yaml", "appliance", "models/appliance_large", "ACSF1 (UCR archive)",
-         "aeon wheel: aeon/datasets/data/ACSF1, official TRAIN/TEST split",
-         load_acsf1, None, epochs=0, batch_size=0, steps=APPLIANCE_LARGE_STEPS, fit=fit_minirocket,
+    # The heavy tier reads the full-resolution trace (its own config's route, the near route's
+    # escalate.preprocess): at ÷5 MiniRocket scores 0.84 on ACSF1, at full resolution 0.91 (aeon, float).
+    Spec("appliance_large", "models/appliance_large/config.yaml", "appliance_large", "models/appliance_large",
+         "ACSF1 (UCR archive)", "aeon wheel: aeon/datasets/data/ACSF1, official TRAIN/TEST split",
+         load_acsf1, None, epochs=0, batch_size=0, fit=fit_minirocket,
          training={"method": "MiniRocket (Dempster et al. 2021, aeon), 9,996 PPV features, RidgeClassifierCV "
                              "head, softmax temperature by 5-fold CV; INT8 head fitted to the INT8 features",
                    "module": "scripts/minirocket_tflite.py"},
          notes="the appliance route's escalation tier (docs/performance.md, Confidence cascade): the same "
-               "data as `appliance` at full resolution (escalate.preprocess: standardize, clip, no "
-               "downsampling), MiniRocket's transform and a ridge classifier as INT8 layers"),
+               "data as `appliance` at full resolution (standardize, clip, no downsampling: on the near "
+               "node, escalate.preprocess), MiniRocket's transform and a ridge classifier as INT8 layers"),
     Spec("digits", "tests/fixtures/digits/config.yaml", "digits", "tests/fixtures/digits",
          "sklearn load_digits (UCI optical handwritten digits, 8x8)",
          "scikit-learn wheel: sklearn.datasets.load_digits, stratified 75/25 split, seed 1234",
@@ -177,8 +172,7 @@ def route_steps(spec: Spec):
     with open(ROOT / spec.config) as fh:
         raw = yaml.safe_load(fh)
     route = next(r for r in raw["routes"] if r["name"] == spec.route)
-    steps = spec.steps if spec.steps is not None else route.get("preprocess") or []
-    return [preprocess.parse_step(s) for s in steps], route
+    return [preprocess.parse_step(s) for s in route.get("preprocess") or []], route
 
 
 def convert(model, x_rep: np.ndarray, quantize: bool) -> bytes:

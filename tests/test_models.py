@@ -13,6 +13,7 @@ from daemon.runtime import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = [("activity", "config.yaml", "activity"), ("appliance", "config.yaml", "appliance"),
+           ("appliance_large", "models/appliance_large/config.yaml", "appliance_large"),
            ("digits", "tests/fixtures/digits/config.yaml", "digits")]
 
 

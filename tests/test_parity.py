@@ -21,6 +21,7 @@ from daemon.runtime import Model
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [(ROOT / "models/activity", "activity", ROOT / "config.yaml"),
           (ROOT / "models/appliance", "appliance", ROOT / "config.yaml"),
+          (ROOT / "models/appliance_large", "appliance_large", ROOT / "models/appliance_large/config.yaml"),
           (ROOT / "tests/fixtures/digits", "digits", ROOT / "tests/fixtures/digits/config.yaml")]
 # Under XNNPACK (the default, 4.1x faster on INT8) the runtimes requantize differently:
 # XNNPACK with an fp32 multiplier, TFLite's kernels with a 31-bit fixed-point one. They
@@ -28,6 +29,11 @@ MODELS = [(ROOT / "models/activity", "activity", ROOT / "config.yaml"),
 # ensemble's softmax amplifies that to at most 6 output steps (docs/models.md). The bound
 # is 8 steps with the same top-1 everywhere; `xnnpack: false` must be bit-identical.
 MAX_STEPS_UNDER_XNNPACK = 8
+# appliance_large (MiniRocket as INT8 layers) averages 9,996 steps, one per bias, each a
+# comparison of a requantized convolution output: where the runtimes round one output
+# apart, a step flips, and the ridge head sums those flips. Measured: at most 15 output
+# steps apart, the same top-1 on all 100 test traces (docs/models.md).
+MAX_STEPS = {"appliance_large": 16}
 TFLITE_PYTHON = os.environ.get("EDGE_INFERD_TFLITE_PYTHON")
 
 
@@ -63,11 +69,12 @@ def test_backends_give_the_same_top1_on_every_sample(tflite_scores, model_dir, r
 
 
 @pytest.mark.parametrize("model_dir,route_name,config", MODELS, ids=[m[1] for m in MODELS])
-def test_backend_scores_differ_by_at_most_eight_quantization_steps(tflite_scores, model_dir, route_name, config):
+def test_backend_scores_differ_by_at_most_their_bound_in_steps(tflite_scores, model_dir, route_name, config):
     litert, tflite, scale = _both(tflite_scores, model_dir, route_name, config)
     steps = np.abs(litert - tflite) / scale
-    worst = int((steps.max(axis=1) > MAX_STEPS_UNDER_XNNPACK + 1e-4).sum())
-    assert steps.max() <= MAX_STEPS_UNDER_XNNPACK + 1e-4, f"max {steps.max():.1f} steps on {worst} sample(s)"
+    bound = MAX_STEPS.get(route_name, MAX_STEPS_UNDER_XNNPACK)
+    worst = int((steps.max(axis=1) > bound + 1e-4).sum())
+    assert steps.max() <= bound + 1e-4, f"max {steps.max():.1f} steps on {worst} sample(s)"
 
 
 @pytest.mark.parametrize("model_dir,route_name,config", MODELS, ids=[m[1] for m in MODELS])
