@@ -118,7 +118,7 @@ class Dispatcher:
         return self._pool
 
     def reuse_snapshot(self) -> dict:
-        """{route: {devices, hits, misses}} for the routes with `reuse` configured."""
+        """{route: {devices, hits, misses, skipped}} for the routes with `reuse` configured."""
         return {name: state.snapshot() for name, state in self._reuse.items()}
 
     def attach(self, transport: Transport) -> None:

@@ -55,6 +55,8 @@ class ReuseState(Protocol):
                  model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None: ...
     def match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str,
                   now: float) -> Optional[np.ndarray]: ...
+    def in_batch(self, cost_per_sample_s: float) -> bool: ...
+    def forget(self, devices: Sequence[Optional[str]]) -> None: ...
     def remember_one(self, device: Optional[str], x: np.ndarray, scores: np.ndarray, model_sha256: str,
                      received_at: float, now: float) -> None: ...
 
@@ -162,6 +164,9 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
     mark = clock()
     x = pipe.preprocess(x)
+    if reuse is not None and len(rows) > 1 and not reuse.in_batch(model.cost_per_sample_s):
+        reuse.forget([r.device for r in rows])  # a cheap model: in a batch, reuse costs more than it saves
+        reuse = None
     if reuse is None:  # the usual case: no per-device lookup, no gather or scatter
         q = model.quantize(x)
         stages["preprocess"] = clock() - mark

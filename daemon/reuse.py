@@ -24,6 +24,12 @@ served alone (the lightly loaded case) takes a path without lists or stacking, t
 of a bigger batch that have a usable entry are compared in one vectorized step, a route
 that remembers nothing yet skips the comparison, and an entry is a plain tuple holding a
 private copy of its row (the callers' batch arrays are theirs to reuse).
+
+A batch consults it only for a model whose per-sample invoke cost (measured at warm-up)
+reaches BATCH_MIN_COST_S: in a batch a hit saves just its row's share of the invoke (the
+fixed cost is paid for the other rows anyway), and on a cheap model that is less than the
+row's bookkeeping. Such a batch `forget`s its devices instead, so that no later request
+is compared with an input older than its device's last inferred one.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ import numpy as np
 from daemon.config_reuse import ReuseConfig
 
 _MAX = np.maximum.reduce
+# A batched row's bookkeeping (compare, copy, LRU) cost ~3 µs on the 2-core x86 measured in
+# docs/performance.md; a batched hit saves about cost_per_sample_s. From 10 µs a sample,
+# reuse pays in a batch from a hit rate of about 30%. The bundled activity model costs
+# 0.5 µs a sample (its invoke's fixed cost is 4 µs), the appliance model 69 µs.
+BATCH_MIN_COST_S = 10e-6
 
 
 class _Entry(NamedTuple):
@@ -54,7 +65,7 @@ class DeviceReuse:
         self.config = config
         self._lock = threading.Lock()  # guards the LRU and the counters
         self._devices: OrderedDict[str, _Entry] = OrderedDict()
-        self._hits = self._misses = 0
+        self._hits = self._misses = self._skipped = 0
 
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]:
@@ -147,9 +158,22 @@ class DeviceReuse:
         while len(self._devices) > self.config.devices:
             self._devices.popitem(last=False)
 
+    def in_batch(self, cost_per_sample_s: float) -> bool:
+        """Whether a batch (of more than one row) on a model of this per-sample cost consults reuse."""
+        return cost_per_sample_s >= BATCH_MIN_COST_S
+
+    def forget(self, devices: Sequence[Optional[str]]) -> None:
+        """A batch that skipped reuse: its devices' references would now be stale."""
+        with self._lock:
+            if self._devices:  # under steady load nothing is left to forget
+                for device in devices:
+                    self._devices.pop(device, None)
+            self._skipped += len(devices)
+
     def snapshot(self) -> dict:
         with self._lock:
-            return {"devices": len(self._devices), "hits": self._hits, "misses": self._misses}
+            return {"devices": len(self._devices), "hits": self._hits, "misses": self._misses,
+                    "skipped": self._skipped}
 
 
 def _within(x: np.ndarray, ref: np.ndarray, max_change: float) -> bool:

@@ -216,7 +216,7 @@ class Service:
                                   link.outbox_state() if link else {}, pool.scaling() if pool else None,
                                   self._residency.state())
         reuse = self._dispatcher.reuse_snapshot() if self._dispatcher else {}
-        if reuse:  # routes with the per-device fast path (daemon/reuse.py): devices, hits, misses
+        if reuse:  # routes with the per-device fast path (daemon/reuse.py): devices, hits, misses, skipped
             stats["reuse"] = reuse
         return stats
 

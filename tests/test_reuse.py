@@ -34,7 +34,7 @@ def test_within_max_change_reuses_without_inference():
     second = _one([1.4, 1.4, 0.3, 0.3], "s/a", model, reuse, 1.0)
     assert (first["reused"], second["reused"]) == (False, True) and model.calls == [1]
     assert second["top_k"] == first["top_k"] and second["cached"] is False
-    assert reuse.snapshot() == {"devices": 1, "hits": 1, "misses": 1}
+    assert reuse.snapshot() == {"devices": 1, "hits": 1, "misses": 1, "skipped": 0}
 
 
 def test_beyond_max_change_infers_and_drift_is_measured_from_the_inferred_input():
@@ -75,6 +75,7 @@ def test_lru_keeps_at_most_devices_and_forgets_the_least_recent():
 
 def test_reused_is_absent_without_reuse_and_a_batch_mixes_hits_misses_and_cache():
     model, reuse, cache = FakeModel(), _reuse(), DictCache()
+    model.cost_per_sample_s = 1.0  # a costly model: its batches consult reuse
     assert "reused" not in _one([1, 1, 0, 0], "s/a", model, None, 0.0)
     first = handle_batch(PIPE, [Request(_request([1, 1, 0, 0]), 0.0, None, "s/a")], model, cache, lambda: 0.0, reuse)
     cache.put_many(first.fresh)
@@ -86,6 +87,24 @@ def test_reused_is_absent_without_reuse_and_a_batch_mixes_hits_misses_and_cache(
     replies = handle_batch(PIPE, batch, model, cache, lambda: 1.0, reuse).replies
     assert [r["reused"] for r in replies] == [True, False, False]
     assert [r["label"] for r in replies] == ["high", "low", "low"] and model.calls == [1, 1, 2]
+
+
+def test_a_cheap_models_batch_skips_reuse_and_forgets_its_devices_while_a_lone_request_reuses():
+    """Below BATCH_MIN_COST_S a sample, a batched hit would save less than its bookkeeping."""
+    from daemon.reuse import BATCH_MIN_COST_S
+
+    model, reuse = FakeModel(), _reuse()
+    model.cost_per_sample_s = BATCH_MIN_COST_S / 2
+    _one([1, 1, 0, 0], "s/a", model, reuse, 0.0)
+    _one([1, 1, 0, 0], "s/b", model, reuse, 0.0)
+    assert _one([1, 1, 0, 0], "s/a", model, reuse, 0.5)["reused"] is True  # alone: reused
+    batch = [Request(_request([1, 1, 0, 0]), 1.0, None, d) for d in ("s/a", "s/b")]
+    calls = len(model.calls)
+    replies = handle_batch(PIPE, batch, model, None, lambda: 1.0, reuse).replies
+    assert [r["reused"] for r in replies] == [False, False] and len(model.calls) == calls + 1
+    assert reuse.snapshot() == {"devices": 0, "hits": 1, "misses": 2, "skipped": 2}
+    assert _one([1, 1, 0, 0], "s/a", model, reuse, 1.5)["reused"] is False  # forgotten: inferred again
+    assert _one([1, 1, 0, 0], "s/a", model, reuse, 2.0)["reused"] is True
 
 
 def test_an_older_request_never_replaces_a_newer_reference():
