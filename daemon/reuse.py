@@ -22,8 +22,9 @@ request never replaces one for a newer request of the same device.
 It is cheap on purpose, since a hit saves only one row's quantize and invoke: a request
 served alone (the lightly loaded case) takes a path without lists or stacking, the rows
 of a bigger batch that have a usable entry are compared in one vectorized step, a route
-that remembers nothing yet skips the comparison, and an entry is a plain tuple holding a
-private copy of its row (the callers' batch arrays are theirs to reuse).
+that remembers nothing yet skips the comparison, and an entry is a named tuple holding its
+row: a lone request's own arrays, handed over by the pipeline, or a private copy of a
+batch's row (a batch's arrays are the caller's, and one row must not keep them alive).
 
 A batch consults it only for a model whose per-sample invoke cost (measured at warm-up)
 reaches BATCH_MIN_COST_S: in a batch a hit saves just its row's share of the invoke (the
@@ -52,8 +53,8 @@ BATCH_MIN_COST_S = 10e-6
 
 class _Entry(NamedTuple):
     model_sha256: str  # a reloaded model's results are never served for the old one's
-    x: np.ndarray  # the inferred float input (after preprocessing): a private copy, never handed out
-    scores: np.ndarray  # a private read-only copy: match hands it out
+    x: np.ndarray  # the inferred float input (after preprocessing): never handed out
+    scores: np.ndarray  # read-only: match hands it out
     received_at: float  # of the request it was computed for: older ones never replace newer
     computed_at: float  # its age counts from here
 
