@@ -101,3 +101,44 @@ def test_a_reconnect_starts_with_an_empty_read_ahead(broker):
     assert got and set(got) == {b"after"}
     c.disconnect()
     c.loop_stop()
+
+
+
+def _publish_all(broker, window: int, n: int, before_connect: int = 0) -> paho_client.Client:
+    """n QoS 1 publishes through a window of `window` (the first `before_connect` made offline): all
+    arrive in order and all are acknowledged. (paho itself sends one made between connect() and
+    CONNACK before the offline ones: so the tests make all or none offline.)"""
+    sink, got, done = _receiver(broker, "uw/t", n)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.max_inflight_messages_set(window)
+    acked = threading.Event()
+    c.on_publish = lambda client, *a: len(client._out_messages) <= 1 and acked.set()
+    for i in range(before_connect):
+        c.publish("uw/t", str(i).encode(), qos=1)
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    for i in range(before_connect, n):
+        c.publish("uw/t", str(i).encode(), qos=1)
+    assert done.wait(WAIT_S) and acked.wait(WAIT_S)
+    assert got == [str(i).encode() for i in range(n)]
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
+    return c
+
+
+def test_publishes_held_back_by_a_full_window_are_all_sent_in_order(broker):
+    c = _publish_all(broker, 5, 300)
+    assert not c._held_back and c._inflight_messages == 0
+
+
+def test_publishes_held_back_at_connect_are_all_sent_in_order(broker):
+    c = _publish_all(broker, 5, 300, before_connect=300)  # the connect holds back all but the first 5
+    assert not c._held_back and c._inflight_messages == 0
+
+
+def test_held_back_publishes_wait_in_a_queue_not_a_walk(broker, monkeypatch):
+    walks = []
+    monkeypatch.setattr(paho.Client, "_update_inflight", lambda self: walks.append(1))
+    _publish_all(broker, 5, 300)
+    assert walks == []  # paho's walk over every unacknowledged publish is never taken
