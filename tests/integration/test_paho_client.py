@@ -103,7 +103,6 @@ def test_a_reconnect_starts_with_an_empty_read_ahead(broker):
     c.loop_stop()
 
 
-
 def _publish_all(broker, window: int, n: int, before_connect: int = 0) -> paho_client.Client:
     """n QoS 1 publishes through a window of `window` (the first `before_connect` made offline): all
     arrive in order and all are acknowledged. (paho itself sends one made between connect() and
