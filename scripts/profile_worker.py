@@ -49,7 +49,7 @@ def main() -> int:
         payload = json.dumps({"id": 1, "data": data["x"][0].tolist()}).encode()
 
     def worker_path() -> bytes:
-        return codecs.encode(pipeline.handle(pipe, payload, model.infer, None, time.monotonic(), time.monotonic))
+        return codecs.encode(pipeline.handle(pipe, payload, model, None, time.monotonic(), time.monotonic))
 
     _, naive_answer = make_answer()  # the very function scripts/naive_baseline.py runs per message
 
