@@ -52,7 +52,7 @@ class ReuseState(Protocol):
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]: ...
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
-                 model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None: ...
+                 model_sha256: str, received_at: Sequence[float], now: float) -> None: ...
     def match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str,
                   now: float) -> Optional[np.ndarray]: ...
     def in_batch(self, cost_per_sample_s: float) -> bool: ...
@@ -167,31 +167,24 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     if reuse is not None and len(rows) > 1 and not reuse.in_batch(model.cost_per_sample_s):
         reuse.forget([r.device for r in rows])  # a cheap model: in a batch, reuse costs more than it saves
         reuse = None
-    if reuse is None:  # the usual case: no per-device lookup, no gather or scatter
-        q = model.quantize(x)
-        stages["preprocess"] = clock() - mark
-        scores, cached, fresh = _scores(pipe, q, model, cache)
-        stages["infer"] = clock() - mark - stages["preprocess"]
-        return scores, cached, [False] * len(rows), fresh
-    if len(rows) == 1:  # a request served alone (a lightly loaded daemon): no lists, no gather
+    if reuse is not None and len(rows) == 1:  # a request served alone (a lightly loaded daemon)
         return _one_row(pipe, x, rows[0], model, cache, reuse, clock, mark, stages)
-    devices = [r.device for r in rows]
-    found = reuse.match(devices, x, pipe.model_sha256, mark)
-    reused = [hit is not None for hit in found]
-    if True not in reused:  # no hit: nothing to gather or scatter, every row becomes a reference
+    found = None if reuse is None else reuse.match([r.device for r in rows], x, pipe.model_sha256, mark)
+    todo = None if found is None else [row for row, hit in enumerate(found) if hit is None]
+    if todo is None or len(todo) == len(rows):  # no reuse, or no hit: no gather or scatter
         q = model.quantize(x)
         stages["preprocess"] = clock() - mark
         scores, cached, fresh = _scores(pipe, q, model, cache)
-        inferred: Optional[list] = devices
-    else:  # the inferred rows become references; a hit row's device is left out (None)
-        todo = [row for row, hit in enumerate(reused) if not hit]
+    else:
         scores, cached, fresh = _partial(pipe, x, todo, found, model, cache, clock, mark, stages)
-        inferred = [None if hit else d for d, hit in zip(devices, reused)] if todo else None
     now = clock()
     stages["infer"] = now - mark - stages["preprocess"]
-    if inferred is not None:
-        reuse.remember(inferred, x, scores, pipe.model_sha256, [r.received_at for r in rows], now, owned=True)
-    return scores, cached, reused, fresh
+    if found is None:
+        return scores, cached, [False] * len(rows), fresh
+    if todo:  # the inferred rows become their devices' references; a hit row's device is left out
+        reuse.remember([None if hit is not None else r.device for r, hit in zip(rows, found)], x, scores,
+                       pipe.model_sha256, [r.received_at for r in rows], now)
+    return scores, cached, [hit is not None for hit in found], fresh
 
 
 def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, cache: Optional[ScoreCache],

@@ -71,8 +71,6 @@ class DeviceReuse:
     def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
               now: float) -> list[Optional[np.ndarray]]:
         """Per row of x (preprocessed float input): the remembered scores to reuse, or None."""
-        if len(devices) == 1:
-            return [self.match_one(devices[0], x[0], model_sha256, now)]
         found: list[Optional[np.ndarray]] = [None] * len(devices)
         hits = 0
         with self._lock:
@@ -123,17 +121,11 @@ class DeviceReuse:
         return (_MAX(diff, axis=1, initial=0.0) <= self.config.max_change).tolist()
 
     def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
-                 model_sha256: str, received_at: Sequence[float], now: float, owned: bool = False) -> None:
+                 model_sha256: str, received_at: Sequence[float], now: float) -> None:
         """Rows that were inferred (or found in the result cache) become their device's reference.
-
-        `owned`: the caller hands x and scores over and never writes them again (the pipeline's
-        own per-call arrays), so a single row is kept as it is instead of copied; the rows of a
-        bigger batch are always copied, lest one remembered row keep its whole batch alive."""
+        Each row is copied: the batch arrays are the caller's, and one remembered row must not
+        keep its whole batch alive (a lone request's own arrays go to `remember_one`)."""
         x = np.asarray(x, dtype=np.float32)
-        if len(devices) == 1:
-            row = (x[0], scores[0]) if owned else (x[0].copy(), scores[0].copy())
-            self.remember_one(devices[0], *row, model_sha256, received_at[0], now)
-            return
         entries = [(device, _Entry(model_sha256, x[row].copy(), _frozen(scores[row]), received_at[row], now))
                    for row, device in enumerate(devices) if device is not None]
         with self._lock:

@@ -170,7 +170,7 @@ def test_batch_and_single_row_comparisons_agree_with_max_abs_difference():
     assert [f is not None for f in found] == [True, False, False, True, False]
     assert np.array_equal(found[0], scores[0]) and not found[0].flags.writeable
     for device, row in zip("abcd", x):  # one request at a time: the same answers
-        assert (reuse.match([device], row[None], "m", 1.0)[0] is not None) == (device in "ad")
+        assert (reuse.match_one(device, row, "m", 1.0) is not None) == (device in "ad")
 
 
 def test_remember_copies_unless_the_caller_hands_its_arrays_over():
@@ -180,5 +180,6 @@ def test_remember_copies_unless_the_caller_hands_its_arrays_over():
     scores += 1.0  # the caller's buffers are its own to reuse
     found = reuse.match(["d"], np.zeros((1, 2), np.float32), "m", 1.0)[0]
     assert found is not None and np.array_equal(found, [1, 1, 1]) and not found.flags.writeable
-    reuse.remember(["e"], x, scores, "m", [0.0], now=0.0, owned=True)
-    assert not reuse.match(["e"], x, "m", 1.0)[0].flags.writeable
+    reuse.remember_one("e", x[0], scores[0], "m", 0.0, now=0.0)  # a lone request's own arrays: kept, not copied
+    kept = reuse.match_one("e", x[0], "m", 1.0)
+    assert np.shares_memory(kept, scores) and not kept.flags.writeable
