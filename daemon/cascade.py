@@ -74,13 +74,6 @@ class TokenBucket:
             return True
 
 
-def wants(esc: EscalateConfig, reply: dict) -> bool:
-    """A result (not an error) whose confidence is below the route's threshold."""
-    if "error" in reply:
-        return False
-    return esc.wants([entry["score"] for entry in reply["top_k"]])
-
-
 class Cascade:
     """Per-route rate buckets and the local (`to_model`) escalation; shared by the workers."""
 
@@ -105,7 +98,7 @@ class Cascade:
             if "error" in reply:
                 continue
             reply["tier"] = TIER_LOCAL
-            if wants(esc, reply):
+            if esc.wants([entry["score"] for entry in reply["top_k"]]):
                 if self.bucket(pipe.route.name, esc).take():
                     chosen.append(i)
                 else:
