@@ -356,9 +356,10 @@ class MqttLink:
             self.outbox.close()
 
     def _spill(self) -> None:
-        """paho's unconfirmed replies -> the outbox (status, stats and stored rows are not replies)."""
-        left = [m for m in self._client.drop_out_messages()
-                if not m.retain and not isinstance(self._safe.owner(m.mid), Row)]
+        """paho's unconfirmed replies -> the outbox. paho keeps only QoS 1 and 2 publishes, each
+        registered with its owner: a reply's is its request; status, stats, a stored outbox row
+        and an escalation request to a far tier are not replies to send again next run."""
+        left = [m for m in self._client.drop_out_messages() if isinstance(self._safe.owner(m.mid), Inbound)]
         if left:
             kept = self.outbox.put_many([(m.topic, m.payload, getattr(m.properties, "CorrelationData", None))
                                          for m in left])

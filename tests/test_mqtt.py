@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from pathlib import Path
+
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from daemon.mqtt import MqttLink
+from daemon.config import load_config
+from daemon.mqtt import Inbound, MqttLink
+from daemon.outbox import Outbox, Row
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_v5_message_keeps_its_expiry_response_topic_and_correlation_data():
@@ -29,3 +37,20 @@ def test_a_3_1_1_message_has_no_deadline_and_no_response_topic():
     msg.payload = b"x"
     inbound = MqttLink._convert(msg)
     assert inbound.expiry_s is None and inbound.response_topic is None and inbound.correlation_data is None
+
+
+def test_at_stop_only_unconfirmed_replies_are_kept_in_the_outbox(tmp_path):
+    """Status and stats (retained), an outbox row being flushed, and an escalation request to a
+    far tier (it carries a ResponseTopic) are not replies: the next run must not send them."""
+    config = dataclasses.replace(load_config(ROOT / "config.yaml", check_models=False).mqtt, qos=1)
+    link = MqttLink(config, ["sensors/+/imu"], lambda inbound: None, outbox=Outbox(tmp_path / "outbox", 1 << 20))
+    link._flusher.start()  # as MqttLink.start does; it waits for a connection that never comes
+    request = Inbound("sensors/d1/imu", b"{}", 1, 5, time.monotonic(), correlation_data=b"c-1")
+    # Handed to paho (as a reply made while connected is): unconfirmed, paho keeps it.
+    link._publish("results/d1/activity", b"reply", False, request.correlation_data, request)
+    link.publish("edge-inferd/n/stats", b"{}", retain=True)
+    link.publish("gpu/d1/imu", b"{}", correlation_data=b"esc-1", response_topic="edge-inferd/n/escalations")
+    link._flush(Row(1, "results/d9/activity", b"stored", None))
+    link.stop(0.1)
+    kept = Outbox(tmp_path / "outbox", 1 << 20).oldest(10)
+    assert [(r.topic, r.payload, r.correlation_data) for r in kept] == [("results/d1/activity", b"reply", b"c-1")]
