@@ -19,7 +19,7 @@ from typing import Mapping, Optional
 from daemon import topics
 from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
-from daemon.config_mqtt import MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
+from daemon.config_mqtt import PORT_LIMIT, MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
 from daemon.config_reader import Reader, load_yaml, read_steps, systemd_base
 from daemon.config_reuse import ReuseConfig, read_reuse  # noqa: F401 - ReuseConfig re-exported
 from daemon.errors import ConfigError
@@ -32,7 +32,6 @@ INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MIN_STATS_INTERVAL_S = 0.1
-PORT_LIMIT = 65536
 DEFAULT_TOP_K = 3
 # Field metadata read by scripts/gen_config_doc.py (docs/config.md): "yaml" is the key when it
 # differs from the field's name, "doc_default" a default that is not a literal, "doc": False

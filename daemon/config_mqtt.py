@@ -282,12 +282,15 @@ def _within_session_expiry(value: int) -> Optional[str]:
 
 
 def _one_level(value: Optional[str]) -> Optional[str]:
-    if value is not None and (not value or any(c in value for c in "+#/")):
-        return "must be one non-empty topic level without '+', '#' or '/' (it goes into $share/<group>/<filter>)"
-    return None
+    return _level_error(value, "one non-empty topic level", "it goes into $share/<group>/<filter>")
 
 
-def _no_wildcards(value: str) -> Optional[str]:
+def _no_wildcards(value: Optional[str]) -> Optional[str]:
+    return _level_error(value, "non-empty", "it is part of the status topic")
+
+
+def _level_error(value: Optional[str], what: str, why: str) -> Optional[str]:
+    """A value that becomes one topic level: not empty, no wildcard, no separator."""
     if value is not None and (not value or any(c in value for c in "+#/")):
-        return "must be non-empty without '+', '#' or '/' (it is part of the status topic)"
+        return f"must be {what} without '+', '#' or '/' ({why})"
     return None

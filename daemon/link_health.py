@@ -23,8 +23,6 @@ from daemon.stats import ThrottledLog
 
 logger = logging.getLogger("daemon.mqtt")
 
-# At most one line per kind of problem this often (with how many were suppressed).
-LOG_INTERVAL_S = 10.0
 # v5 DISCONNECT reason "Session taken over": another client connected with our client id.
 SESSION_TAKEN_OVER = 0x8E
 # CONNACK reason codes (3.1.1 and v5) that refuse the credentials or the client id.
@@ -64,7 +62,7 @@ class LinkHealth:
         self._broker, self._client_id = broker, client_id
         self._retry = (retry_min_s, retry_max_s)
         self._clock = clock
-        self._log = ThrottledLog(logger, LOG_INTERVAL_S, clock)
+        self._log = ThrottledLog(logger, clock=clock)  # one line per kind of problem per interval
         self._failures = 0
         self._connected_at: Optional[float] = None
         self._short_drops: deque[float] = deque()

@@ -61,7 +61,7 @@ class Outbox:
         self._rows, self._bytes = self._db.execute(
             f"SELECT COUNT(*), COALESCE(SUM(LENGTH(topic) + LENGTH(payload) + {ROW_OVERHEAD_BYTES}), 0) "
             "FROM replies").fetchone()
-        self.stored = self.dropped = self.flushed = 0
+        self.dropped = self.flushed = 0
         self._log = ThrottledLog(logger)
         if self._rows:
             logger.info("outbox %s holds %d repl%s from an earlier run; they go out once connected",
@@ -83,7 +83,6 @@ class Outbox:
             self.dropped += len(replies) - len(kept)
             self._bytes = self._max_bytes - room
             self._rows += len(kept)
-            self.stored += len(kept)
             return len(kept)
 
     def oldest(self, limit: int, after: int = 0) -> list[Row]:
