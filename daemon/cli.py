@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from daemon import cli_parser
 
@@ -76,7 +76,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from daemon.config import Config, load_config
     from daemon.service import Service
 
-    def read(check_models: bool = True) -> Config:
+    def read(check_models: bool | Callable[[Config], bool] = True) -> Config:
         config = load_config(args.config, check_models)
         return config.with_broker(args.broker) if args.broker else config
 
@@ -84,12 +84,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         if index is not None:  # a worker process of a supervised node (daemon/supervisor.py)
             return _run_worker(int(index), read, signals)
-        config = read(check_models=False)
-        if config.workers.processes > 1:  # the children load (and check) the models, not the parent
+        # With worker processes the children load (and check) the models, not the parent.
+        config = read(check_models=lambda c: c.workers.processes == 1)
+        if config.workers.processes > 1:
             from daemon.supervisor import Supervisor
 
             return Supervisor(config, [sys.executable, "-m", "daemon", *sys.argv[1:]], signals).run()
-        Service(read(), signals, reread=lambda: read(check_models=False)).run()
+        Service(config, signals, reread=lambda: read(check_models=False)).run()
     except ForcedExit as exc:
         logger.warning("%s", exc)
         return EXIT_INTERRUPTED

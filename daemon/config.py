@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from daemon import topics
 from daemon.config_cascade import EscalateConfig, read_escalate
@@ -189,13 +189,16 @@ class Config:
             raise ConfigError([f"--broker: {exc}"]) from None
 
 
-def load_config(path: Path | str, check_models: bool = True) -> Config:
-    """Read, validate and freeze a config file; ConfigError lists every problem."""
+def load_config(path: Path | str, check_models: bool | Callable[[Config], bool] = True) -> Config:
+    """Read, validate and freeze a config file; ConfigError lists every problem. `check_models`
+    may depend on the config itself (the daemon's parent checks them only when it serves)."""
     path = Path(path)
     raw, problems = load_yaml(path)
     reader = Reader(raw, problems)
     base = path.resolve().parent
     config = _read_config(reader, base, path)
+    if callable(check_models):
+        check_models = check_models(config)
     cross_check(reader, config, check_models)  # on whatever pass 1 left standing: every mistake in one run
     if reader.errors:
         raise ConfigError(sorted(reader.errors, key=_line_of))
