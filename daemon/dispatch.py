@@ -175,10 +175,7 @@ class Dispatcher:
             self.rate.withdraw(inbound.topic, seq)
 
     def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
-        request_id = codecs.scan_id(inbound.payload, pipe.route.input)
-        tally = _Tally()
-        self._send(inbound, reply_topic, pipe.error(request_id, refusal.code, refusal.message), tally)
-        self._stats.record(tally.counts, (), tally.outcomes)
+        self._send_one(inbound, reply_topic, _error(pipe, inbound, refusal.code, refusal.message))
 
     def _route(self, topic: str) -> Optional[tuple[RoutePipeline, str]]:
         found = self._routes.get(topic)
@@ -218,16 +215,17 @@ class Dispatcher:
         tally = _Tally()
         with self._transport.batch() if self._transport is not None else nullcontext():
             for job in jobs:
-                request_id = codecs.scan_id(job.inbound.payload, job.pipe.route.input)
-                reply = job.pipe.error(request_id, SUPERSEDED, "a newer request from this device is queued")
+                reply = _error(job.pipe, job.inbound, SUPERSEDED, "a newer request from this device is queued")
                 self._send(job.inbound, job.reply_topic, reply, tally)
         self._stats.record(tally.counts, (), tally.outcomes)
 
     def _process_group(self, model: Model, pipe: RoutePipeline, group: list[Job], models: WorkerModels) -> None:
         started = self._clock()
-        outcome = self._run_pipeline(model, pipe, group)
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic)
+                    for j in group]
+        outcome = self._run_pipeline(model, pipe, group, requests)
         if pipe.route.escalate is not None:
-            outcome = self._escalate(pipe, group, outcome, models)
+            outcome = self._escalate(pipe, group, requests, outcome, models)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
         published = self._clock()
@@ -243,35 +241,32 @@ class Dispatcher:
         if self._cache is not None and outcome.fresh:
             self._cache.put_many(outcome.fresh)  # after the replies: never on the reply path
 
-    def _escalate(self, pipe: RoutePipeline, group: list[Job], outcome: Outcome, models: WorkerModels) -> Outcome:
+    def _escalate(self, pipe: RoutePipeline, group: list[Job], requests: list[Request], outcome: Outcome,
+                  models: WorkerModels) -> Outcome:
         """The confidence cascade (daemon/cascade.py): `to_model` reruns the low-confidence requests on
         the heavier model; `to_topic` parks them (their reply becomes None) until the far tier answers."""
         if pipe.escalate_to is not None:
-            requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline) for j in group]
             return self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
                                            models[pipe.escalate_to.route.model], self._cache)
         if self._remote is not None and self._transport is not None and pipe.route.escalate.to_topic is not None:
             self._remote.hand_off(self._cascade, pipe, group, outcome.replies, self._transport.publish)
         return outcome
 
-    def _run_pipeline(self, model: Model, pipe: RoutePipeline, group: list[Job]) -> Outcome:
-        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic)
-                    for j in group]
+    def _run_pipeline(self, model: Model, pipe: RoutePipeline, group: list[Job], requests: list[Request]) -> Outcome:
         try:
             return pipeline.handle_batch(pipe, requests, model, self._cache, self._clock,
                                          self._reuse.get(pipe.route.name))
         except Exception:  # a model or cache bug: isolate the request that causes it
             if len(group) == 1:
                 return Outcome([self._internal(group[0], sys.exc_info()[1])])
-            outcomes = [self._run_pipeline(model, pipe, [job]) for job in group]
+            outcomes = [self._run_pipeline(model, pipe, [job], [request]) for job, request in zip(group, requests)]
             return Outcome([o.replies[0] for o in outcomes], [e for o in outcomes for e in o.fresh])
 
     def _internal(self, job: Job, exc: Optional[BaseException]) -> dict:
         """The `internal` reply for a request whose processing raised (logged, throttled)."""
         route = job.pipe.route.name
         self._log.warning(f"internal:{route}", "internal error on %r", job.inbound.topic, exc_info=True)
-        request_id = codecs.scan_id(job.inbound.payload, job.pipe.route.input)
-        return job.pipe.error(request_id, INTERNAL, f"{type(exc).__name__}: {exc}")
+        return _error(job.pipe, job.inbound, INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _send(self, inbound: Inbound, reply_topic: str, reply: dict, tally: "_Tally") -> None:
         error = reply.get("error")
@@ -299,3 +294,8 @@ class Dispatcher:
     def _ack(self, inbound: Inbound) -> None:
         if self._transport is not None:
             self._transport.ack(inbound)
+
+
+def _error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dict:
+    """An error reply to a request, its id read by a prefix scan (no full parse)."""
+    return pipe.error(codecs.scan_id(inbound.payload, pipe.route.input), code, message)
