@@ -143,6 +143,11 @@ class MqttConfig:
     def stats_topic(self) -> str:
         return f"edge-inferd/{self.client_id}/stats"
 
+    @property
+    def escalation_topic(self) -> str:
+        """Where far tiers answer this daemon's `escalate.to_topic` requests (daemon/cascade.py)."""
+        return f"edge-inferd/{self.client_id}/escalations"
+
     def with_broker(self, broker: str) -> "MqttConfig":
         """A copy at another broker; TLS implied by the old `mqtts://` does not carry over."""
         return replace(self, broker=broker, tls=None if self.tls_implied else self.tls)

@@ -63,6 +63,8 @@ from daemon.paho_client import Client
 from daemon.stats import ThrottledLog
 
 logger = logging.getLogger(__name__)
+# Time allowed to get the retained `offline` status out on a stop.
+OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 
 STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
@@ -333,7 +335,7 @@ class MqttLink:
         if inbound.qos > 0:
             self._client.ack(inbound.mid, inbound.qos)
 
-    def stop(self, timeout_s: float) -> None:
+    def stop(self, timeout_s: float = OFFLINE_PUBLISH_TIMEOUT_S) -> None:
         """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
         the broker has not confirmed in the outbox, for the next run."""
         self._stopping = True

@@ -40,10 +40,15 @@ MS = 1000.0
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the daemon keeps of a model once its reference copy is dropped: no interpreter."""
+    """What the daemon keeps of a model once its reference copy is dropped: no interpreter, the
+    digests it was loaded with (a reload compares them: daemon/reload.py `fingerprint`)."""
 
     sha256: str
-    sample_shape: tuple[int, ...]
+    labels_sha256: str
+
+    @property
+    def fingerprint(self) -> tuple[str, str]:
+        return self.sha256, self.labels_sha256
 
 
 class IdleClock:

@@ -52,19 +52,12 @@ WATCHDOG_CHECKS_PER_PING = 2
 # without a watchdog) is wedged: the pings stop and systemd restarts the daemon.
 STALL_LIMIT_PINGS = 1
 STALL_LIMIT_S = 30.0
-# Time allowed to get the retained `offline` status out on shutdown.
-OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 # Requests in flight to us at most (see receive_maximum).
 RECEIVE_MAXIMUM_CAP = 1024
 # The smallest request we expect, for turning the byte budget into a message count.
 SMALL_REQUEST_BYTES = 1024
 # The main loop looks for idle models at least this far apart (a copy busy past its idle time).
 IDLE_CHECK_MIN_S = 0.05
-
-
-def escalation_topic(config: Config) -> str:
-    """Where far tiers answer this daemon's `escalate.to_topic` requests (daemon/cascade.py)."""
-    return f"edge-inferd/{config.mqtt.client_id}/escalations"
 
 
 def receive_maximum(workers: WorkersConfig) -> int:
@@ -97,7 +90,6 @@ class Service:
         self._reread = reread or (lambda: load_config(config.source, check_models=False))
         self._metrics_served = False
         self._pins: dict[str, str] = {}  # model name -> sha256 a reload checked
-        self._fingerprints: dict[str, tuple[str, str]] = {}  # model name -> (model, labels) sha256 loaded
         self.stats = Stats()
         self.signals = signals or SignalQueue()
         self._stopping = False
@@ -183,18 +175,19 @@ class Service:
         return snapshot
 
     def startup(self) -> None:
-        for step in self.steps():
-            logger.info("start-up: %s", step.name)
-            step.start()
-            self._started.append(step)
+        self._start_steps(0, {}, "start-up")
 
     def shutdown(self) -> None:
-        while self._started:
-            self._stop_step(self._started.pop())
+        self._stop_down_to(0)
         snapshot = self.snapshot()
         logger.info("%s", metrics.summary_line(snapshot))
         # The full object last: tests/integration/test_faults.py and test_reload.py parse this line.
         logger.info("stopped; stats %s", codecs.encode(snapshot).decode())
+
+    def _stop_down_to(self, index: int) -> None:
+        """Stop the started steps after the first `index`, last started first."""
+        while len(self._started) > index:
+            self._stop_step(self._started.pop())
 
     @staticmethod
     def _stop_step(step: Step) -> None:
@@ -251,7 +244,7 @@ class Service:
         self.stats.incr("reloads")
         try:
             new = self._reread()
-            change = reload.plan(self.config, new, self._fingerprints)
+            change = reload.plan(self.config, new, {name: m.fingerprint for name, m in self._models.items()})
             if not change.changed:
                 logger.info("reload: nothing to apply%s", _ignored(change))
                 return
@@ -264,7 +257,7 @@ class Service:
             logger.error("reload failed; still serving the running config and models: %s", exc)
 
     def _apply(self, new: Config, change: "reload.Plan") -> None:
-        old, old_models, old_prints = self.config, dict(self._models), dict(self._fingerprints)
+        old, old_models = self.config, self._models
         if change.restart_from is not None:
             self._restart_from(change.restart_from, new, change.digests)
         else:
@@ -274,7 +267,7 @@ class Service:
                 self._load_models(change.changed_models)
                 self._dispatcher.swap(self._pipelines(), self._worker_models)
             except Exception:
-                self.config, self._models, self._fingerprints = old, old_models, old_prints
+                self.config, self._models = old, old_models
                 raise
         logger.info("reload: applied (%s)%s", f"restarted from {change.restart_from}" if change.restart_from else
                     "models swapped: " + ", ".join(sorted(change.changed_models)), _ignored(change))
@@ -284,23 +277,22 @@ class Service:
         if that fails, the old config is started again."""
         names = [step.name for step in self.steps()]
         index = names.index(first)
-        while len(self._started) > index:
-            self._stop_step(self._started.pop())
+        self._stop_down_to(index)
         old, self.config = self.config, new
         try:
             self._start_steps(index, digests)
         except Exception as exc:
             logger.error("reload: starting %s with the new config failed (%s); back to the old config", first, exc)
-            while len(self._started) > index:
-                self._stop_step(self._started.pop())
+            self._stop_down_to(index)
             self.config = old
             self._start_steps(index, {})
             raise DaemonError(f"the new config failed to start: {exc}") from exc
 
-    def _start_steps(self, index: int, digests: dict) -> None:
+    def _start_steps(self, index: int, digests: dict, label: str = "reload") -> None:
+        """Start the steps from `index` on, the models pinned to `digests` (a reload's check)."""
         self._pins = dict(digests)
         for step in self.steps()[index:]:
-            logger.info("reload: %s", step.name)
+            logger.info("%s: %s", label, step.name)
             step.start()
             self._started.append(step)
 
@@ -314,8 +306,7 @@ class Service:
             # Loaded to check it and read its digest, then dropped: each worker's copy is warmed up
             # (and run once) when the workers start, so a model that cannot run still fails start-up.
             model = open_model(self.config, name, max_batch=1, sha256=self._pins.get(name))
-            models[name] = ModelInfo(model.sha256, model.sample_shape)  # the interpreter goes: workers have theirs
-            self._fingerprints[name] = (model.sha256, file_sha256(mc.labels))
+            models[name] = ModelInfo(model.sha256, file_sha256(mc.labels))  # the interpreter goes: workers have theirs
             logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
                         model.sha256[:12], list(model.input.shape))
         self._models = models
@@ -353,7 +344,7 @@ class Service:
     def _build_dispatcher(self) -> None:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
         self._dispatcher = Dispatcher(self._pipelines(), cache, self.stats, self.config.workers, self._worker_models,
-                                      self.config.batching, escalation_topic=escalation_topic(self.config))
+                                      self.config.batching, escalation_topic=self.config.mqtt.escalation_topic)
 
     def _start_workers(self) -> None:
         self._dispatcher.start()
@@ -380,7 +371,7 @@ class Service:
             return None
 
     def _disconnect(self) -> None:
-        self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)
+        self._link.stop()
 
 
 def _warm_model(config: Config, name: str, sha256: str) -> Model:

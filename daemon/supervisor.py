@@ -50,7 +50,6 @@ EXIT_CONFIG = 78  # a child that cannot start for its config or model: the node 
 TICK_S = 0.25
 # Grace beyond workers.drain_timeout_s for a child to close its session before SIGKILL.
 DRAIN_GRACE_S = 10.0
-OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -255,7 +254,7 @@ class Supervisor:
         if self._link is None:
             return
         snapshot = self._publish_stats()
-        self._link.stop(OFFLINE_PUBLISH_TIMEOUT_S)
+        self._link.stop()
         logger.info("node stopped; summed stats %s", codecs.encode(snapshot).decode())
 
     def _publish_stats(self) -> dict:
