@@ -1,11 +1,14 @@
 """The node's stats when `workers.processes` > 1: the children's stats (daemon/metrics.py
 `node_stats`, read from their heartbeats) summed into one object with the contract's keys.
 
-Counters (received, results, errors by code, counts, cache hits and misses, queue depth,
-busy threads, reconnects, outbox) are sums, including what restarted children counted
-before (their last heartbeat, so a SIGKILLed child's last second may be missing). Latency
-percentiles cannot be summed: `latency_ms` is the worst child's of each. `workers` says
-`processes`; `children` lists each child's received, results, restarts and ready.
+Counters (received, results, errors by code, counts, cache hits and misses, reconnects,
+outbox dropped and flushed) are sums, including what restarted children counted before
+(their last heartbeat, so a SIGKILLed child's last second may be missing): a child's ended
+incarnations are folded into one running total (`fold`), so that total stays one dict
+however often it restarts. Levels (queue, busy threads, cache entries and bytes, outbox rows
+and bytes) are the live children's only: they end with the process. Latency percentiles
+cannot be summed: `latency_ms` is the worst child's of each. `workers` says `processes`;
+`children` lists each child's received, results, restarts and ready.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 _SUMMED = ("received", "results", "reconnects")
-_CACHE_SUMMED = ("entries", "bytes", "hits", "disk_hits", "misses", "writes", "write_batches", "dropped_writes")
-_LATENCY_KEYS = ("p50", "p90", "p99", "max", "mean")
+_CACHE_COUNTERS = ("hits", "disk_hits", "misses", "writes", "write_batches", "dropped_writes")
+_CACHE_SUMMED = ("entries", "bytes", *_CACHE_COUNTERS)
+_OUTBOX_COUNTERS = ("dropped", "flushed")
+_LATENCY_KEYS = ("p50", "p99")  # what daemon/stats.py reports
 
 
 def _add(into: dict, counts: Mapping[str, Any]) -> None:
@@ -23,9 +28,22 @@ def _add(into: dict, counts: Mapping[str, Any]) -> None:
             into[key] = into.get(key, 0) + value
 
 
+def fold(total: Mapping[str, Any], stats: Mapping[str, Any]) -> dict:
+    """An ended incarnation's last stats added to its child's earlier total: counters only."""
+    out: dict = {key: total.get(key, 0) + stats.get(key, 0) for key in _SUMMED}
+    for section, keys in (("errors", None), ("counts", None), ("cache", _CACHE_COUNTERS),
+                          ("outbox", _OUTBOX_COUNTERS)):
+        if section == "cache" and "hits" not in stats.get("cache", {}) and "cache" not in total:
+            continue  # the cache was off: nothing to add up
+        out[section] = dict(total.get(section, {}))
+        _add(out[section], {k: v for k, v in stats.get(section, {}).items() if keys is None or k in keys})
+    return out
+
+
 def summed(children: Mapping[str, Mapping[str, Any]], uptime_s: float) -> dict:
-    """`children`: name -> {"stats": latest, "past": [earlier incarnations' last stats], "restarts", "ready"}."""
-    every = [s for c in children.values() for s in (c.get("stats") or {}, *c.get("past", ()))]
+    """`children`: name -> {"stats": latest, "past": its ended incarnations `fold`ed (or {}), "restarts",
+    "ready"}."""
+    every = [s for c in children.values() for s in (c.get("stats") or {}, c.get("past") or {})]
     out: dict = {key: sum(s.get(key, 0) for s in every) for key in _SUMMED}
     errors: dict = {}
     counts: dict = {}

@@ -39,7 +39,7 @@ from daemon import codecs, heartbeat
 from daemon.config import Config
 from daemon.config_mqtt import OutboxConfig
 from daemon.mqtt import MqttLink
-from daemon.node_stats import summed
+from daemon.node_stats import fold, summed
 from daemon.notify import Notifier
 from daemon.signals import SignalQueue
 
@@ -89,7 +89,7 @@ class Child:
         self.failures = 0
         self.restarts = 0
         self.last: dict = {}  # the latest heartbeat content
-        self.past: list[dict] = []  # earlier incarnations' last stats, for the node's sums
+        self.past: dict = {}  # earlier incarnations' counters (node_stats.fold), for the node's sums
 
     def beat_at(self) -> Optional[float]:
         try:
@@ -214,7 +214,7 @@ class Supervisor:
         except FileNotFoundError:
             pass
         if child.last.get("stats"):
-            child.past.append(child.last["stats"])
+            child.past = fold(child.past, child.last["stats"])
         child.last = {}
         child.started_at = self._clock()
         if child.restart_at:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from daemon import heartbeat
 from daemon.config import load_config
-from daemon.node_stats import summed
+from daemon.node_stats import fold, summed
 from daemon.supervisor import Rules, child_config, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +63,8 @@ def test_node_stats_sum_the_children_and_keep_what_a_restarted_child_counted():
                 "cache": {"hits": n, "disk_hits": 0, "misses": n}, "queue": {"depth": 2},
                 "workers": {"threads": 2, "busy": 1}, "latency_ms": {"p50": float(n), "p99": 2.0 * n},
                 "models": {"activity": {"loaded": True}}}
-    node = summed({"n-w0": {"stats": stats(10), "past": [stats(5)], "restarts": 1, "ready": True},
-                   "n-w1": {"stats": stats(20), "past": [], "restarts": 0, "ready": True}}, 12.0)
+    node = summed({"n-w0": {"stats": stats(10), "past": fold({}, stats(5)), "restarts": 1, "ready": True},
+                   "n-w1": {"stats": stats(20), "past": {}, "restarts": 0, "ready": True}}, 12.0)
     assert node["received"] == 35 and node["results"] == 32 and node["errors"] == {"bad_payload": 3}
     assert node["cache"]["hit_rate"] == 0.5 and node["queue"] == {"depth": 4}
     assert node["workers"] == {"processes": 2, "threads": 4, "busy": 2}
@@ -72,3 +72,21 @@ def test_node_stats_sum_the_children_and_keep_what_a_restarted_child_counted():
     assert node["children"]["n-w0"] == {"received": 10, "results": 9, "restarts": 1, "ready": True}
     assert set(node) >= {"received", "results", "errors", "cache", "queue", "workers", "models", "latency_ms",
                          "reconnects", "outbox", "uptime_s"}
+
+
+def test_a_restarted_childs_counters_add_up_in_one_total_and_its_levels_end_with_it():
+    """Counters of every incarnation are kept, in one dict however often it restarts; levels
+    (cache entries and bytes, outbox rows) of a process that ended are not the node's any more."""
+    def stats(n: int) -> dict:
+        return {"received": n, "results": n, "errors": {"expired": 1}, "counts": {"inferences": n},
+                "cache": {"entries": 7, "bytes": 700, "hits": n, "disk_hits": 0, "misses": n},
+                "outbox": {"unconfirmed": 3, "stored": 2, "bytes": 200, "dropped": 1, "flushed": n}}
+    past: dict = {}
+    for n in (1, 2, 3):  # three incarnations ended
+        past = fold(past, stats(n))
+    assert past["received"] == 6 and past["errors"] == {"expired": 3} and past["counts"] == {"inferences": 6}
+    assert past["outbox"] == {"dropped": 3, "flushed": 6} and "entries" not in past["cache"]
+    node = summed({"n-w0": {"stats": stats(10), "past": past, "restarts": 3, "ready": True}}, 1.0)
+    assert node["received"] == 16 and node["errors"] == {"expired": 4}
+    assert node["cache"]["entries"] == 7 and node["cache"]["bytes"] == 700 and node["cache"]["hits"] == 16
+    assert node["outbox"] == {"unconfirmed": 3, "stored": 2, "bytes": 200, "dropped": 4, "flushed": 16}
