@@ -14,13 +14,12 @@ import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from daemon import cli_parser
+from daemon.heartbeat import INDEX_ENV  # set in a worker process's environment (daemon/supervisor.py)
 
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: systemd units can RestartPreventExitStatus=78
 EXIT_INTERRUPTED = 130
-# Set by the supervisor in a worker process's environment (daemon/heartbeat.py INDEX_ENV).
-INDEX_ENV = "EDGE_INFERD_WORKER_INDEX"
 
 logger = logging.getLogger("edge-inferd")
 

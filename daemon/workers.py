@@ -75,7 +75,7 @@ class WorkerPool(Generic[J, C]):
         self._busy = 0
         self._last_progress = clock()  # a batch taken or finished
         self._next: dict[int, C] = {}  # replacement contexts, taken by each worker before its next batch
-        self._slots: dict[int, threading.Thread] = {}  # running workers by context index
+        self._slots: set[int] = set()  # context indices of the running workers
         self._count = 0  # running workers less those asked to retire
         self._retire = 0  # retirements asked for and not yet taken
         self._building = threading.Lock()  # one context build at a time: a reload and a growth never mix
@@ -98,7 +98,7 @@ class WorkerPool(Generic[J, C]):
         # daemon=True so a forced exit (second SIGINT) is never held up by a stuck invoke.
         thread = threading.Thread(target=self._run, args=(index, context), name=f"{self._name}-{index}", daemon=True)
         with self._cond:
-            self._slots[index] = thread
+            self._slots.add(index)
             self._count += 1
             self._threads = [t for t in self._threads if t.is_alive()]  # retired workers are gone
             self._threads.append(thread)
@@ -200,7 +200,7 @@ class WorkerPool(Generic[J, C]):
                     self._busy -= 1
                     self._last_progress = self._clock()
         with self._cond:  # retired or stopped: its slot is free for a later worker
-            self._slots.pop(index, None)
+            self._slots.discard(index)
             self._next.pop(index, None)
 
     def _control_loop(self) -> None:

@@ -90,3 +90,14 @@ def test_a_restarted_childs_counters_add_up_in_one_total_and_its_levels_end_with
     assert node["received"] == 16 and node["errors"] == {"expired": 4}
     assert node["cache"]["entries"] == 7 and node["cache"]["bytes"] == 700 and node["cache"]["hits"] == 16
     assert node["outbox"] == {"unconfirmed": 3, "stored": 2, "bytes": 200, "dropped": 4, "flushed": 16}
+
+
+def test_the_heartbeat_beats_at_most_once_per_interval_however_fast_the_loop_ticks(tmp_path):
+    now, snapshots = [0.0], []
+    beat = heartbeat.Heartbeat(tmp_path / "w0.json", lambda: snapshots.append(now[0]) or {}, clock=lambda: now[0])
+    for tick in range(41):  # 2 s of a main loop ticking every 50 ms (near an idle unload)
+        now[0] = tick * 0.05
+        beat.watchdog(True)
+    assert snapshots == [0.0, heartbeat.HEARTBEAT_INTERVAL_S]
+    beat.final()  # the stats at stop are written whatever the interval
+    assert snapshots[-1] == 2.0 and len(snapshots) == 3
