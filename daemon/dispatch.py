@@ -98,7 +98,7 @@ class Dispatcher:
         self.rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
         # Per-device fast path, by route name; kept across reloads (entries name their model digest).
         self._reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in self._pipes if p.route.reuse is not None}
-        self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.max,
+        self.admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.min,
                                    batching.max_batch, clock)
         pipes_by_name = {p.route.name: p for p in self._pipes}
         self._pool: WorkerPool[Job, _Context] = WorkerPool(
