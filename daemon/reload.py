@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from daemon.config import Config
 from daemon.runtime import file_sha256
@@ -32,6 +33,10 @@ from daemon.runtime import file_sha256
 VERIFY_TIMEOUT_S = 120.0
 # Lines of the child's output quoted in the log when the check fails.
 VERIFY_TAIL_LINES = 8
+# While the check runs, the caller's `while_waiting` runs this often: the main loop waits on
+# it, and its watchdog (systemd's WatchdogSec=30, a worker process's heartbeat judged at
+# 30 s) must still be fed, or a check longer than that gets the daemon killed.
+VERIFY_TICK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,15 +80,25 @@ def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Pla
     return Plan(changed, restart_from, digests, ignored)
 
 
-def verify(path: Path, timeout_s: float = VERIFY_TIMEOUT_S) -> Optional[str]:
-    """Run `check-config --deep` on `path` in a child process: None when it passes, else why not."""
+def verify(path: Path, timeout_s: float = VERIFY_TIMEOUT_S,
+           while_waiting: Callable[[], None] = lambda: None) -> Optional[str]:
+    """Run `check-config --deep` on `path` in a child process: None when it passes, else why not.
+    `while_waiting` runs every VERIFY_TICK_S until the child is done."""
     command = [sys.executable, "-m", "daemon", "check-config", "--deep", "--config", str(path)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return f"the model check did not finish within {timeout_s:.0f} s"
-    if done.returncode == 0:
+    deadline = time.monotonic() + timeout_s
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        while True:
+            try:
+                out, err = child.communicate(timeout=min(VERIFY_TICK_S, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:  # retrying communicate loses no output
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    child.communicate()
+                    return f"the model check did not finish within {timeout_s:g} s"
+                while_waiting()
+    if child.returncode == 0:
         return None
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    cause = f"exit {done.returncode}" if done.returncode >= 0 else f"killed by signal {-done.returncode}"
+    lines = [line for line in (err + out).splitlines() if line.strip()]
+    cause = f"exit {child.returncode}" if child.returncode >= 0 else f"killed by signal {-child.returncode}"
     return f"{cause}: " + " | ".join(lines[-VERIFY_TAIL_LINES:])

@@ -248,7 +248,7 @@ class Service:
             if not change.changed:
                 logger.info("reload: nothing to apply%s", _ignored(change))
                 return
-            problem = reload.verify(new.source)
+            problem = reload.verify(new.source, while_waiting=lambda: self._notifier.watchdog(self._progressing()))
             if problem is not None:
                 raise DaemonError(f"the new config or a model failed its check in a child process ({problem})")
             self._apply(new, change)

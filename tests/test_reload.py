@@ -75,3 +75,18 @@ def test_a_child_that_crashes_natively_is_a_failed_check_not_a_crash_here(config
     crasher.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(crasher))
     assert reload.verify(config.source) == "killed by signal 11: "
+
+
+def test_the_watchdog_is_fed_while_the_child_checks_and_a_check_past_its_time_is_killed(config, tmp_path,
+                                                                                       monkeypatch):
+    """The main loop waits on the check: its watchdog (systemd's, or a worker process's heartbeat)
+    must still be fed, or a long validate set gets the daemon killed mid-reload."""
+    slow = tmp_path / "slow.sh"
+    slow.write_text("#!/bin/sh\nsleep 1\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow))
+    monkeypatch.setattr(reload, "VERIFY_TICK_S", 0.1)
+    fed = []
+    assert reload.verify(config.source, while_waiting=lambda: fed.append(1)) is None
+    assert len(fed) >= 5
+    assert reload.verify(config.source, timeout_s=0.3) == "the model check did not finish within 0.3 s"
