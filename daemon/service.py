@@ -131,8 +131,10 @@ class Service:
         """Until asked to stop: READY=1 once online, the watchdog, the retained stats, a log line a minute."""
         last_stats = last_log = time.monotonic()
         self._publish_stats()
+        ready = False  # READY=1 goes once (the notifier ignores a second): no status line per tick after it
         while True:
-            if self._link.online.is_set():
+            if not ready and self._link.online.is_set():
+                ready = True
                 self._notifier.ready(self._status_line())
             self._notifier.watchdog(self._progressing())
             now = time.monotonic()
