@@ -338,9 +338,10 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
     if "queue" in m:
         r.error(m, "queue", p, "replaced by workers.queue_mb: queued requests are bounded by their bytes, "
                 "and overload by workers.max_wait_ms")
+    most = r.get(m, "max", p, int, d.max, minimum=1)
     return WorkersConfig(
-        max=r.get(m, "max", p, int, d.max, minimum=1),
-        min=_read_min_workers(r, m, p),
+        max=most,
+        min=_read_min_workers(r, m, p, most if r.ok(f"{p}.max") else None),
         scale_up_wait_ms=r.get(m, "scale_up_wait_ms", p, (int, float), d.scale_up_wait_ms, minimum=0),
         scale_down_after_s=r.get(m, "scale_down_after_s", p, (int, float), d.scale_down_after_s, minimum=0),
         queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
@@ -351,9 +352,9 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
     )
 
 
-def _read_min_workers(r: Reader, m: Mapping, p: str) -> int:
-    """`workers.min`, at most `workers.max` (whose default, the CPU count, is named as such)."""
-    most = r.get(m, "max", p, int, WorkersConfig.max, minimum=1) if r.ok(f"{p}.max") else None
+def _read_min_workers(r: Reader, m: Mapping, p: str, most: Optional[int]) -> int:
+    """`workers.min`, at most `most`, workers.max when that was read well (its default, the CPU
+    count, is named as such)."""
     least = r.get(m, "min", p, int, WorkersConfig.min, minimum=1)
     if most is not None and least > most:
         limit = f"workers.max ({most})" if "max" in m else f"workers.max (default: the CPU count, {most})"
