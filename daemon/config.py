@@ -11,7 +11,7 @@ Every problem is collected and raised at once as `ConfigError` with lines of the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping, Optional
@@ -20,7 +20,7 @@ from daemon import topics
 from daemon.config_cascade import EscalateConfig, read_escalate
 from daemon.config_check import cross_check, open_model, read_labels  # noqa: F401 - re-exported
 from daemon.config_mqtt import PORT_LIMIT, MqttConfig, TlsConfig, parse_broker, read_mqtt  # noqa: F401 - re-exported
-from daemon.config_reader import Reader, load_yaml, read_steps, systemd_base
+from daemon.config_reader import Reader, field_names, load_yaml, read_steps, systemd_base
 from daemon.config_reuse import ReuseConfig, read_reuse  # noqa: F401 - ReuseConfig re-exported
 from daemon.errors import ConfigError
 from daemon.rate import COALESCE_CHOICES
@@ -223,7 +223,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         models=MappingProxyType(_read_models(r, root, base)),
         routes=_read_routes(r, root, base),
         cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
-        workers=_read_workers(r, r.section(root, "workers", (*_field_names(WorkersConfig), "queue"))),
+        workers=_read_workers(r, r.section(root, "workers", (*field_names(WorkersConfig), "queue"))),
         batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
         xnnpack=r.get(root, "xnnpack", "", bool, True),
         stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
@@ -369,8 +369,3 @@ def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:
         max_batch=r.get(m, "max_batch", p, int, d.max_batch, minimum=1),
         max_delay_ms=r.get(m, "max_delay_ms", p, (int, float), d.max_delay_ms, minimum=0),
     )
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """The YAML keys of a section: its dataclass's fields, less those derived after reading."""
-    return tuple(f.name for f in fields(cls) if f.init)

@@ -204,8 +204,7 @@ class Reader:
         if not isinstance(value, dict):
             self.fail(path, f"must be a mapping, got {kind(value)}", line)
             return {}
-        dataclass = dataclasses.is_dataclass(known)
-        names = [f.name for f in dataclasses.fields(known) if f.init] if dataclass else list(known)
+        names = field_names(known) if dataclasses.is_dataclass(known) else tuple(known)
         for k in value:
             if k not in names:
                 self.error(value, k, path, f"unknown key (known: {', '.join(names)})")
@@ -296,3 +295,8 @@ def read_steps(r: Reader, m: Any, p: str) -> tuple:
         except ValueError as exc:
             r.error(steps, j, f"{p}.preprocess", str(exc))
     return tuple(out)
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The YAML keys of a section: its dataclass's fields, less those derived after reading."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
