@@ -35,7 +35,6 @@ from daemon.config_reader import absolute_paths  # noqa: E402
 
 WAIT_S = 60.0
 STATS = "edge-inferd/edge-inferd/stats"
-KIB = 1024.0
 
 # Run in a fresh interpreter: RSS with and without `workers` warmed copies of one model.
 _ARENA = """

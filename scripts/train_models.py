@@ -103,14 +103,14 @@ def build_activity(shape, n_classes):
     return keras.Model(inp, out)
 
 
-def build_fcn(shape, n_classes, widths=(32, 64, 32)):
+def build_fcn(shape, n_classes):
     """A small fully-convolutional net (Wang et al. 2017 style): conv-BN-ReLU x3 + GAP."""
     from tensorflow import keras
     from tensorflow.keras import layers
 
     inp = keras.Input(shape=shape)
     x = inp
-    for filters, kernel in zip(widths, (8, 5, 3)):
+    for filters, kernel in zip((32, 64, 32), (8, 5, 3)):
         x = layers.Conv1D(filters, kernel, padding="same", use_bias=False)(x)
         x = layers.BatchNormalization()(x)
         x = layers.ReLU()(x)
