@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from daemon.admission import JOB_OVERHEAD_BYTES, Admission, CostModel, Refusal, Ticket
-
-
-class FakeClock:
-    def __init__(self, now: float = 100.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def test_cost_model_fits_batch_time_as_a_line():
@@ -31,7 +24,7 @@ def test_cost_model_with_one_batch_size_uses_time_per_request():
 
 
 def test_overloaded_only_when_the_predicted_wait_would_exceed_the_budget():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     admission = Admission(budget_bytes=1 << 30, max_wait_s=0.102, workers=2, batch_size=1, clock=clock)
     first = admission.admit("r", 100)
     assert isinstance(first, Ticket) and first.cost_s == 0.0  # unmeasured: only memory bounds it
@@ -48,7 +41,7 @@ def test_overloaded_only_when_the_predicted_wait_would_exceed_the_budget():
 
 def test_the_memory_budget_counts_bytes_not_messages():
     budget = 10 * (1000 + JOB_OVERHEAD_BYTES)
-    admission = Admission(budget_bytes=budget, max_wait_s=10.0, workers=1, batch_size=1, clock=FakeClock())
+    admission = Admission(budget_bytes=budget, max_wait_s=10.0, workers=1, batch_size=1, clock=FakeClock(100.0))
     small = [admission.admit("r", 10) for _ in range(10)]
     big = [admission.admit("r", 1000) for _ in range(10)]
     assert all(isinstance(t, Ticket) for t in small)
@@ -73,7 +66,7 @@ def test_a_deadline_that_the_predicted_wait_passes_is_expired_at_once():
 
 
 def test_costs_are_per_route_and_read_at_a_full_batch():
-    admission = Admission(budget_bytes=1 << 30, max_wait_s=10.0, workers=1, batch_size=32, clock=FakeClock())
+    admission = Admission(budget_bytes=1 << 30, max_wait_s=10.0, workers=1, batch_size=32, clock=FakeClock(100.0))
     for n in (1, 32):
         admission.observe("heavy", n, 0.001 * n + 0.032)
         admission.observe("light", n, 0.0001 * n)

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from daemon.autoscale import GROW, HOLD, SHRINK, Autoscaler
+from tests.fakes import FakeClock
 
 UP_S = 0.050
 DOWN_S = 30.0
 TICK_S = UP_S / 2  # the pool decides on this tick
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _scaler(min_workers: int = 1, max_workers: int = 4) -> tuple[Autoscaler, FakeClock]:

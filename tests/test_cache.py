@@ -20,6 +20,7 @@ import pytest
 from daemon.cache import ResultCache, make_key
 from daemon.config import CacheConfig
 from daemon.disk_cache import DiskTier, SafeJSONDisk
+from tests.fakes import FakeClock
 
 WAIT_S = 30.0  # generous: only a broken writer ever waits this long
 SHA = "ab" * 32
@@ -68,13 +69,6 @@ class FakeDisk:
 
     def close(self):
         pass
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _config(path, **kw) -> CacheConfig:
@@ -135,7 +129,7 @@ def test_lru_evicts_the_least_recently_used_by_bytes(tmp_path):
 
 
 def test_ttl_expires_memory_entries_on_the_injected_clock(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     cache = ResultCache(_config(tmp_path / "c", ttl_s=10), disk=FakeDisk(), clock=clock)
     cache.put_many([("k", _vec(1.0))])
     clock.now = 9.9
@@ -145,7 +139,7 @@ def test_ttl_expires_memory_entries_on_the_injected_clock(tmp_path):
 
 
 def test_ttl_zero_keeps_entries(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     cache = ResultCache(_config(tmp_path / "c", ttl_s=0), disk=FakeDisk(), clock=clock)
     cache.put_many([("k", _vec(1.0))])
     clock.now = 1e12

@@ -7,17 +7,10 @@ import socket
 import ssl
 
 from daemon.link_health import CLASH_DROPS, SESSION_TAKEN_OVER, LinkHealth, connect_cause
+from tests.fakes import FakeClock
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _health(clock: _Clock) -> LinkHealth:
+def _health(clock: FakeClock) -> LinkHealth:
     return LinkHealth("broker.lan:1883", "edge-inferd-gw1", 1, 8, clock)
 
 
@@ -34,7 +27,7 @@ def test_each_cause_is_named():
 
 
 def test_failed_connects_say_when_the_next_try_is_and_are_throttled(caplog):
-    clock = _Clock()
+    clock = FakeClock()
     health = _health(clock)
     with caplog.at_level(logging.WARNING):
         for _ in range(5):  # paho's delays 1, 2, 4, 8, 8 s; the log holds one line per 10 s
@@ -51,12 +44,12 @@ def test_failed_connects_say_when_the_next_try_is_and_are_throttled(caplog):
 
 def test_refused_credentials_point_at_the_keys(caplog):
     with caplog.at_level(logging.WARNING):
-        _health(_Clock()).refused(0x86, "Bad user name or password")
+        _health(FakeClock()).refused(0x86, "Bad user name or password")
     assert "refused the connection: Bad user name or password (check mqtt.username and the password)" in caplog.text
 
 
 def test_a_session_taken_over_is_named(caplog):
-    health = _health(_Clock())
+    health = _health(FakeClock())
     health.connected()
     with caplog.at_level(logging.WARNING):
         health.dropped(SESSION_TAKEN_OVER, "Session taken over")
@@ -65,7 +58,7 @@ def test_a_session_taken_over_is_named(caplog):
 
 
 def test_connections_that_keep_dropping_right_after_connecting_are_reported_as_an_id_clash(caplog):
-    clock = _Clock()
+    clock = FakeClock()
     health = _health(clock)
     with caplog.at_level(logging.WARNING):
         for _ in range(CLASH_DROPS):
@@ -77,7 +70,7 @@ def test_connections_that_keep_dropping_right_after_connecting_are_reported_as_a
 
 
 def test_one_drop_after_a_long_connection_is_just_a_drop(caplog):
-    clock = _Clock()
+    clock = FakeClock()
     health = _health(clock)
     with caplog.at_level(logging.WARNING):
         for _ in range(CLASH_DROPS):  # e.g. broker restarts, hours apart

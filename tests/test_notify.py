@@ -7,14 +7,7 @@ import socket
 import pytest
 
 from daemon.notify import Notifier
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.fakes import FakeClock
 
 
 @pytest.fixture

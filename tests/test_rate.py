@@ -15,18 +15,11 @@ from daemon.evaluate import route_pipeline
 from daemon.rate import DEVICES, EVICTED, DeviceRate
 from daemon.runtime import Model
 from daemon.stats import Stats
+from tests.fakes import FakeClock
 from tests.test_dispatch import ONE_WORKER, ROOT, Recorder, _inbound, _request
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _dispatcher(clock: Clock, stats: Stats, **route_keys) -> Dispatcher:
+def _dispatcher(clock: FakeClock, stats: Stats, **route_keys) -> Dispatcher:
     config = load_config(ROOT / "config.yaml")
     route = replace(config.routes[0], **route_keys)
     model = Model(config.models["activity"].path, max_batch=8)
@@ -39,7 +32,7 @@ def _codes(rec: Recorder) -> list:
 
 
 def test_min_interval_answers_rate_limited_at_once_and_admits_after_it():
-    clock, stats, rec = Clock(), Stats(), Recorder()
+    clock, stats, rec = FakeClock(100.0), Stats(), Recorder()
     d = _dispatcher(clock, stats, min_interval_ms=500)
     d.attach(rec)  # never started: an admitted request stays queued, only refusals are answered
     d.on_message(_inbound("sensors/d1/imu", _request(0), 1))
@@ -54,7 +47,7 @@ def test_min_interval_answers_rate_limited_at_once_and_admits_after_it():
 
 
 def test_min_interval_is_per_device():
-    clock, stats, rec = Clock(), Stats(), Recorder()
+    clock, stats, rec = FakeClock(100.0), Stats(), Recorder()
     d = _dispatcher(clock, stats, min_interval_ms=1000)
     d.attach(rec)
     for i, device in enumerate(("a", "b", "c", "a", "b")):
@@ -64,7 +57,7 @@ def test_min_interval_is_per_device():
 
 
 def test_without_the_keys_nothing_is_limited_or_tracked():
-    clock, stats, rec = Clock(), Stats(), Recorder()
+    clock, stats, rec = FakeClock(100.0), Stats(), Recorder()
     d = _dispatcher(clock, stats)
     d.attach(rec)
     for i in range(4):
@@ -73,7 +66,7 @@ def test_without_the_keys_nothing_is_limited_or_tracked():
 
 
 def test_coalescing_answers_each_superseded_request_once_and_serves_the_newest():
-    clock, stats, rec = Clock(), Stats(), Recorder()
+    clock, stats, rec = FakeClock(100.0), Stats(), Recorder()
     d = _dispatcher(clock, stats, coalesce="latest")
     d.attach(rec)
     order = [("a", 0), ("b", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)]

@@ -11,21 +11,14 @@ import pytest
 
 from daemon.residency import IdleClock, Residency
 from daemon.runtime import Model
+from tests.fakes import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVITY = ROOT / "models/activity/model.tflite"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_model_is_idle_once_unused_for_idle_s_and_never_when_idle_s_is_zero():
-    clock, idle_s = FakeClock(), [5.0]
+    clock, idle_s = FakeClock(100.0), [5.0]
     idle = IdleClock(lambda: idle_s[0], clock)
     assert not idle.idle("a")  # never used: nothing to unload
     idle.used("a")
@@ -41,7 +34,7 @@ def test_a_model_is_idle_once_unused_for_idle_s_and_never_when_idle_s_is_zero():
 
 
 def test_due_in_is_the_time_until_the_first_loaded_model_goes_idle():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     idle = IdleClock(lambda: 10.0, clock)
     assert idle.due_in({"a"}) is None  # never used
     idle.used("a")
@@ -70,7 +63,7 @@ def _copy(residency: Residency, loads: list):
 
 
 def test_an_idle_copy_is_freed_and_the_next_invoke_loads_it_with_the_same_scores():
-    clock, loads = FakeClock(), []
+    clock, loads = FakeClock(100.0), []
     residency, trims = _residency(clock)
     lazy = _copy(residency, loads)
     q = lazy.quantize(np.random.default_rng(1).normal(size=(3, 50, 6)).astype(np.float32))
@@ -89,7 +82,7 @@ def test_an_idle_copy_is_freed_and_the_next_invoke_loads_it_with_the_same_scores
 
 
 def test_a_copy_in_use_is_not_freed_and_zero_never_unloads():
-    clock, loads = FakeClock(), []
+    clock, loads = FakeClock(100.0), []
     residency, _ = _residency(clock)
     lazy = _copy(residency, loads)
     clock.now += 10.0
@@ -103,7 +96,7 @@ def test_a_copy_in_use_is_not_freed_and_zero_never_unloads():
 
 
 def test_every_workers_copy_is_freed_and_a_dropped_copy_leaves_the_stats():
-    clock, loads = FakeClock(), []
+    clock, loads = FakeClock(100.0), []
     residency, trims = _residency(clock)
     copies = [_copy(residency, loads) for _ in range(2)]
     clock.now += 5.0

@@ -6,14 +6,7 @@ import threading
 
 from daemon.autoscale import Autoscaler
 from daemon.workers import WorkerPool
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def _held_pool(max_batch: int, **kw):
