@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import paho.mqtt.client as paho
 import pytest
 import yaml
@@ -110,6 +111,29 @@ def client(broker):
     c = Client(broker)
     yield c
     c.close()
+
+
+def activity_payloads(n: int) -> list[bytes]:
+    """n requests for the activity model, ids 0..n-1, cycling through its test windows."""
+    with np.load(ROOT / "models/activity/test.npz") as data:
+        x = data["x"]
+    return [json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode() for i in range(n)]
+
+
+def burst(client: Client, topic: str, payloads: list[bytes]) -> None:
+    """Queue every publish at once (QoS 1), without waiting for each to be acknowledged."""
+    infos = [client.c.publish(topic, p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(WAIT_S)
+
+
+def wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
+    """Every reply on `topic` once n distinct ids have been answered (or the wait ran out)."""
+    def replies() -> list[dict]:
+        return [json.loads(m.payload) for m in client.messages if m.topic == topic]
+    with client.cond:
+        client.cond.wait_for(lambda: len({r["id"] for r in replies()}) >= n, WAIT_S)
+        return replies()
 
 
 def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides) -> Path:

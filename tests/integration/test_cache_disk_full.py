@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.conftest import ROOT, Client, write_config
+from tests.integration.conftest import ROOT, Client, burst, write_config
 
 TMPFS_SIZE = "2m"
 _CHUNK = b"\0" * 65536
@@ -61,9 +61,7 @@ def requests(n: int, seed: int) -> list[bytes]:
 
 def serve_all(client, topic: str, reply_topic: str, payloads: list[bytes]) -> None:
     before = len(client.on(reply_topic))
-    infos = [client.c.publish(topic, p, qos=1) for p in payloads]
-    for info in infos:
-        info.wait_for_publish(60)
+    burst(client, topic, payloads)
     replies = [json.loads(m.payload) for m in client.wait_count(reply_topic, before + len(payloads))[before:]]
     assert sorted(r["id"] for r in replies) == list(range(len(payloads)))
     assert all("label" in r for r in replies)

@@ -13,13 +13,8 @@ import time
 
 import numpy as np
 
-from tests.integration.conftest import ROOT, WAIT_S, Client, Daemon, write_config
-
-
-def _payloads(n: int) -> list[bytes]:
-    with np.load(ROOT / "models/activity/test.npz") as data:
-        x = data["x"]
-    return [json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode() for i in range(n)]
+from tests.integration.conftest import (ROOT, WAIT_S, Client, Daemon, activity_payloads, burst, wait_unique_ids,
+                                        write_config)
 
 
 def _appliance_payloads(n: int) -> list[bytes]:
@@ -29,36 +24,20 @@ def _appliance_payloads(n: int) -> list[bytes]:
     return [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode() for i in range(n)]
 
 
-def _wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
-    """Every reply on `topic` once n distinct ids have been answered (or the wait ran out)."""
-    def replies() -> list[dict]:
-        return [json.loads(m.payload) for m in client.messages if m.topic == topic]
-    with client.cond:
-        client.cond.wait_for(lambda: len({r["id"] for r in replies()}) >= n, WAIT_S)
-        return replies()
-
-
-def _burst(client: Client, topic: str, payloads: list[bytes]) -> None:
-    """Queue every publish at once (QoS 1), without waiting for each to be acknowledged."""
-    infos = [client.c.publish(topic, p, qos=1) for p in payloads]
-    for info in infos:
-        info.wait_for_publish(60)
-
-
 def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(tmp_path, broker, client,
                                                                                 start_daemon):
     # One worker, batch 1, the heavier model: most of the burst is still queued at SIGTERM.
     config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1})
     daemon = start_daemon(config, wait_online=client)
     client.subscribe("results/t1/appliance")
-    _burst(client, "plugs/t1/power", _appliance_payloads(1000))
+    burst(client, "plugs/t1/power", _appliance_payloads(1000))
     daemon.proc.send_signal(signal.SIGTERM)  # as soon as the broker has them all
     assert daemon.stop() == 0, daemon.log()
     counts = daemon.final_stats()["counts"]
     received = counts["received"]
     answered = counts.get("results", 0) + sum(v for k, v in counts.items() if k.startswith("errors."))
     assert received > 0 and answered == received  # every request the daemon took was processed...
-    replies = _wait_unique_ids(client, "results/t1/appliance", received)  # ...and its reply left before `offline`
+    replies = wait_unique_ids(client, "results/t1/appliance", received)  # ...and its reply left before `offline`
     assert len({r["id"] for r in replies}) == received
 
 
@@ -67,19 +46,19 @@ def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path,
     first = start_daemon(config, wait_online=client)
     client.subscribe("results/k1/activity")
     n = 600
-    payloads = _payloads(n)
-    _burst(client, "sensors/k1/imu", payloads[:300])
+    payloads = activity_payloads(n)
+    burst(client, "sensors/k1/imu", payloads[:300])
     client.wait_count("results/k1/activity", 20)  # it is serving
     first.stop(signal.SIGKILL)  # unacked requests stay in its persistent session at the broker
-    _burst(client, "sensors/k1/imu", payloads[300:])  # sent while no daemon runs: held for its session
+    burst(client, "sensors/k1/imu", payloads[300:])  # sent while no daemon runs: held for its session
     start_daemon(config)
-    replies = _wait_unique_ids(client, "results/k1/activity", n)
+    replies = wait_unique_ids(client, "results/k1/activity", n)
     assert {r["id"] for r in replies} == set(range(n))  # every request answered at least once; duplicates allowed
     assert all("label" in r for r in replies)
 
 
 def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon):
-    payload = _payloads(1)[0]
+    payload = activity_payloads(1)[0]
     client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
     start_daemon(write_config(tmp_path, workers={"max": 1}), wait_online=client)
     client.subscribe("results/r1/activity")
@@ -111,7 +90,7 @@ def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
         client.subscribe("edge-inferd/edge-inferd/status")
         client.wait_payload("edge-inferd/edge-inferd/status", b"online")
         client.subscribe("results/l2/activity")
-        client.publish("sensors/l2/imu", _payloads(1)[0])
+        client.publish("sensors/l2/imu", activity_payloads(1)[0])
         [reply] = client.wait_json("results/l2/activity")
         client.close()
         assert reply["id"] == 0 and "label" in reply
@@ -150,7 +129,7 @@ def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
         client.subscribe("edge-inferd/edge-inferd/status")
         client.wait_payload("edge-inferd/edge-inferd/status", b"online")
         client.subscribe("results/u1/activity")
-        client.publish("sensors/u1/imu", _payloads(1)[0])
+        client.publish("sensors/u1/imu", activity_payloads(1)[0])
         [reply] = client.wait_json("results/u1/activity")
         assert "label" in reply and daemon.proc.poll() is None
         assert daemon.wait_for_log("reload: nothing to apply")  # the queued reload ran (its check: a child)
@@ -175,8 +154,8 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
     """A persistent publisher and collector (their own sessions) and the daemon ride out a broker restart."""
     collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/b1/activity", "")
     n = 400
-    payloads = _payloads(n)
-    _burst(publisher, "sensors/b1/imu", payloads[:200])
+    payloads = activity_payloads(n)
+    burst(publisher, "sensors/b1/imu", payloads[:200])
     collector.wait_count("results/b1/activity", 10)
     broker.stop()  # SIGTERM: mosquitto saves its state (a SIGKILL loses its last autosave_interval: reliability.md)
     broker.start()
@@ -184,8 +163,8 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
         if publisher.c.is_connected():
             break
         time.sleep(0.1)
-    _burst(publisher, "sensors/b1/imu", payloads[200:])
-    replies = _wait_unique_ids(collector, "results/b1/activity", n)
+    burst(publisher, "sensors/b1/imu", payloads[200:])
+    replies = wait_unique_ids(collector, "results/b1/activity", n)
     assert {r["id"] for r in replies} == set(range(n))
     publisher.close()
     collector.close()
@@ -199,11 +178,11 @@ def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, br
     killer = threading.Timer(3.0, lambda: (broker.kill(), time.sleep(3.0), broker.start()))
     killer.start()
     start = time.monotonic()
-    for k, payload in enumerate(_payloads(n)):  # paho holds QoS 1 publishes while the broker is away
+    for k, payload in enumerate(activity_payloads(n)):  # paho holds QoS 1 publishes while the broker is away
         time.sleep(max(0.0, start + k / rate - time.monotonic()))
         publisher.c.publish("sensors/k3/imu", payload, qos=1)
     killer.join()
-    replies = _wait_unique_ids(collector, "results/k3/activity", n)
+    replies = wait_unique_ids(collector, "results/k3/activity", n)
     assert {r["id"] for r in replies} == set(range(n))  # duplicates allowed (redeliveries)
     publisher.close()
     collector.close()
@@ -222,7 +201,7 @@ def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, br
         return any(s.get("reconnects", 0) >= 1 for s in stats)
     with collector.cond:
         assert collector.cond.wait_for(came_back, WAIT_S)
-    collector.publish("sensors/c2/imu", _payloads(1)[0])
+    collector.publish("sensors/c2/imu", activity_payloads(1)[0])
     [reply] = collector.wait_json("results/c2/activity")
     assert "label" in reply
     collector.close()
@@ -240,7 +219,7 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     collector.c.reconnect_delay_set(1, 1)
     first = start_daemon(config, wait_online=collector)
     collector.subscribe("results/o1/appliance")
-    _burst(collector, "plugs/o1/power", _appliance_payloads(300))
+    burst(collector, "plugs/o1/power", _appliance_payloads(300))
     collector.wait_count("results/o1/appliance", 5)  # serving; most of the burst is still queued
     broker.stop()
     assert first.stop() == 0, first.log()  # drains with no broker: the replies go to the outbox
@@ -249,7 +228,7 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     assert stats["outbox"]["stored"] > 0 and stats["outbox"]["dropped"] == 0, stats["outbox"]
     broker.start()
     second = start_daemon(config)
-    replies = _wait_unique_ids(collector, "results/o1/appliance", received)
+    replies = wait_unique_ids(collector, "results/o1/appliance", received)
     missing = set(range(received)) - {r["id"] for r in replies}
     assert not missing, (sorted(missing)[:10], second.log()[-3000:])
     assert second.stop() == 0, second.log()

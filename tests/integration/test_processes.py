@@ -12,8 +12,7 @@ import os
 import re
 import signal
 
-from tests.integration.conftest import ROOT, WAIT_S, Client, write_config
-from tests.integration.test_faults import _burst, _payloads, _wait_unique_ids
+from tests.integration.conftest import ROOT, WAIT_S, Client, activity_payloads, burst, wait_unique_ids, write_config
 
 N = 2000
 STATUS = "edge-inferd/edge-inferd/status"
@@ -36,8 +35,8 @@ def test_two_processes_split_a_stream_each_request_answered_once(tmp_path, broke
     config = write_config(tmp_path, cache={"enabled": False}, workers={"processes": 2, "max": 1})
     daemon = start_daemon(config, wait_online=collector)
     collector.subscribe("results/s1/activity")
-    _burst(collector, "sensors/s1/imu", _payloads(N))
-    replies = _wait_unique_ids(collector, "results/s1/activity", N)
+    burst(collector, "sensors/s1/imu", activity_payloads(N))
+    replies = wait_unique_ids(collector, "results/s1/activity", N)
     assert sorted(r["id"] for r in replies) == list(range(N))  # every request once: none lost, none doubled
     collector.subscribe("edge-inferd/edge-inferd/stats")
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
@@ -56,7 +55,7 @@ def _two_processes_with_a_burst(tmp_path, broker, start_daemon):
                           batching={"max_batch": 1})
     daemon = start_daemon(config, wait_online=collector)
     collector.subscribe("results/s1/activity")
-    _burst(collector, "sensors/s1/imu", _payloads(N))
+    burst(collector, "sensors/s1/imu", activity_payloads(N))
     return collector, daemon
 
 
@@ -66,7 +65,7 @@ def test_a_killed_worker_process_is_restarted_and_its_requests_redelivered(tmp_p
         collector.cond.wait_for(lambda: len(collector.on("results/s1/activity")) >= N // 10, WAIT_S)
     os.kill(_child_pids(daemon.log())["0"], signal.SIGKILL)
     assert daemon.wait_for_log("worker w0 started", count=2), daemon.log()  # restarted by the parent
-    replies = _wait_unique_ids(collector, "results/s1/activity", N)
+    replies = wait_unique_ids(collector, "results/s1/activity", N)
     assert {r["id"] for r in replies} == set(range(N)), daemon.log()[-3000:]  # nothing lost
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
     collector.close()
@@ -89,6 +88,6 @@ def test_sigterm_drains_every_worker_process_and_the_node_goes_offline(tmp_path,
     collector.wait_payload(STATUS, b"offline")
     shares = _child_received(daemon.log())
     assert len(shares) == 2, daemon.log()  # both children drained and logged their final stats
-    answered = _wait_unique_ids(collector, "results/s1/activity", sum(shares.values()))
+    answered = wait_unique_ids(collector, "results/s1/activity", sum(shares.values()))
     assert len({r["id"] for r in answered}) == sum(shares.values())  # each received request answered
     collector.close()

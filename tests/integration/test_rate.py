@@ -7,13 +7,11 @@ each reply is a result or `superseded`, and the last request, never superseded, 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
-import numpy as np
 import yaml
 
-from tests.integration.conftest import ROOT, write_config
+from tests.integration.conftest import ROOT, activity_payloads, write_config
 
 BURST = 300
 
@@ -25,10 +23,7 @@ def test_a_coalesced_burst_from_one_device_is_answered_once_each_and_ends_with_a
     config = write_config(tmp_path, cache={"enabled": False}, routes=[{**route, "coalesce": "latest"}])
     start_daemon(config, wait_online=client)
     client.subscribe("results/burst/activity")
-    with np.load(ROOT / "models/activity/test.npz") as data:
-        x = data["x"]
-    for i in range(BURST):
-        payload = json.dumps({"id": i, "data": np.round(x[i % len(x)], 3).tolist()}).encode()
+    for payload in activity_payloads(BURST):
         client.publish("sensors/burst/imu", payload)
     replies = client.wait_json("results/burst/activity", BURST)
     assert sorted(r["id"] for r in replies) == list(range(BURST))  # exactly one reply each

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from tests.integration.conftest import Client, write_config
-from tests.integration.test_faults import _burst, _payloads, _wait_unique_ids
+from tests.integration.conftest import Client, activity_payloads, burst, wait_unique_ids, write_config
 
 
 def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_doubled(tmp_path, broker, start_daemon):
@@ -23,8 +22,8 @@ def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_double
         daemons.append(start_daemon(config, wait_online=collector, client_id=f"edge-inferd-{name}"))
     collector.subscribe("results/s1/activity")
     n = 2000
-    _burst(collector, "sensors/s1/imu", _payloads(n))
-    replies = _wait_unique_ids(collector, "results/s1/activity", n)
+    burst(collector, "sensors/s1/imu", activity_payloads(n))
+    replies = wait_unique_ids(collector, "results/s1/activity", n)
     assert sorted(r["id"] for r in replies) == list(range(n))  # every request once: none lost, none doubled
     shares = []
     for daemon in daemons:
