@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -94,6 +94,14 @@ class Client:
 
     def wait_json(self, topic: str, n: int = 1) -> list[dict]:
         return [json.loads(m.payload) for m in self.wait_count(topic, n)]
+
+    def wait_json_until(self, topic: str, predicate: Callable[[dict], bool]) -> dict:
+        """The first JSON message on `topic` for which `predicate` holds (waiting for it)."""
+        def found() -> list[dict]:
+            return [p for p in (json.loads(m.payload) for m in self.on(topic)) if predicate(p)]
+        with self.cond:
+            assert self.cond.wait_for(found, WAIT_S), f"nothing as wanted on {topic}: {self.on(topic)[-1:]}"
+            return found()[0]
 
     def wait_payload(self, topic: str, payload: bytes) -> None:
         def seen() -> bool:

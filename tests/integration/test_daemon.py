@@ -115,10 +115,8 @@ def test_repeated_input_is_a_cache_hit_and_survives_a_restart(tmp_path, broker, 
     client.subscribe("edge-inferd/edge-inferd/stats")
     client.publish("sensors/c1/imu", _activity_payload(5))
     client.wait_count("results/c1/activity", 1)  # in sequence: two workers could both miss
-    with client.cond:  # the result is stored right after its reply is sent: wait until it is
-        assert client.cond.wait_for(lambda: any(json.loads(m.payload)["cache"]["entries"] >= 1 for m in
-                                                client.messages if m.topic == "edge-inferd/edge-inferd/stats"),
-                                    WAIT_S)
+    # the result is stored right after its reply is sent: wait until it is
+    client.wait_json_until("edge-inferd/edge-inferd/stats", lambda s: s["cache"]["entries"] >= 1)
     client.publish("sensors/c1/imu", _activity_payload(5))
     a, b = client.wait_json("results/c1/activity", 2)
     assert (a["cached"], b["cached"]) == (False, True)
@@ -237,12 +235,8 @@ def test_retained_stats_describe_the_node_and_follow_its_traffic(tmp_path, clien
     client.publish("sensors/s1/imu", _activity_payload(0))
     client.publish("sensors/s1/imu", b"{broken")
     client.wait_json("results/s1/activity", 2)
-
-    def counted() -> bool:
-        latest = [json.loads(m.payload) for m in client.messages if m.topic == "edge-inferd/edge-inferd/stats"]
-        return bool(latest) and latest[-1]["results"] >= 1 and latest[-1]["errors"].get("bad_payload", 0) >= 1
-    with client.cond:
-        assert client.cond.wait_for(counted, WAIT_S)
+    client.wait_json_until("edge-inferd/edge-inferd/stats",
+                           lambda s: s["results"] >= 1 and s["errors"].get("bad_payload", 0) >= 1)
 
 
 def test_prometheus_endpoint_counts_requests_by_route_and_outcome(tmp_path, client, start_daemon):

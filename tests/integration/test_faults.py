@@ -187,6 +187,7 @@ def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, br
     publisher.close()
     collector.close()
 
+
 def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, broker, start_daemon):
     config = write_config(tmp_path, mqtt={"session_expiry_s": 0}, stats_interval_s=0.2)
     collector = Client(broker, client_id="collector2", persistent=True)
@@ -196,11 +197,8 @@ def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, br
     broker.stop()
     broker.start()
 
-    def came_back() -> bool:  # the daemon re-announced `online`, which it does only after SUBACK
-        stats = [json.loads(m.payload) for m in collector.messages if m.topic == "edge-inferd/edge-inferd/stats"]
-        return any(s.get("reconnects", 0) >= 1 for s in stats)
-    with collector.cond:
-        assert collector.cond.wait_for(came_back, WAIT_S)
+    # the daemon re-announced `online`, which it does only after SUBACK
+    collector.wait_json_until("edge-inferd/edge-inferd/stats", lambda s: s.get("reconnects", 0) >= 1)
     collector.publish("sensors/c2/imu", activity_payloads(1)[0])
     [reply] = collector.wait_json("results/c2/activity")
     assert "label" in reply

@@ -9,26 +9,17 @@ import json
 
 import numpy as np
 
-from tests.integration.conftest import ROOT, WAIT_S, Client, write_config
+from tests.integration.conftest import ROOT, Client, write_config
 
 STATS = "edge-inferd/edge-inferd/stats"
 REPLIES = "results/w1/activity"
-
-
-def _wait_for(client: Client, topic: str, wanted) -> dict:
-    """The first JSON message on `topic` for which `wanted(message)` holds (waiting for it)."""
-    def found() -> list:
-        return [p for p in (json.loads(m.payload) for m in client.on(topic)) if wanted(p)]
-    with client.cond:
-        assert client.cond.wait_for(found, WAIT_S), f"nothing as wanted on {topic}: {client.on(topic)[-1:]}"
-    return found()[0]
 
 
 def _request(client: Client, i: int) -> dict:
     with np.load(ROOT / "models/activity/test.npz") as data:
         sample = data["x"][0]
     client.publish("sensors/w1/imu", json.dumps({"id": i, "data": sample.tolist()}).encode())
-    return _wait_for(client, REPLIES, lambda reply: reply["id"] == i)
+    return client.wait_json_until(REPLIES, lambda reply: reply["id"] == i)
 
 
 def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_with_the_same_scores(tmp_path, client,
@@ -40,7 +31,7 @@ def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_with_the_same_s
     start_daemon(config, wait_online=client)
 
     before = _request(client, 0)
-    unloaded = _wait_for(client, STATS, lambda s: not s["models"]["activity"]["loaded"])
+    unloaded = client.wait_json_until(STATS, lambda s: not s["models"]["activity"]["loaded"])
     assert unloaded["models"]["activity"]["cold_starts"] == 0
     with client.cond:
         del client.messages[:]  # from here on, only stats published after the unload
@@ -48,7 +39,7 @@ def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_with_the_same_s
 
     assert "error" not in after and not after["cached"]
     assert (after["label"], after["score"], after["top_k"]) == (before["label"], before["score"], before["top_k"])
-    reloaded = _wait_for(client, STATS, lambda s: s["models"]["activity"]["loaded"]
-                         and s["models"]["activity"]["cold_starts"] >= 1)
+    reloaded = client.wait_json_until(STATS, lambda s: s["models"]["activity"]["loaded"]
+                                      and s["models"]["activity"]["cold_starts"] >= 1)
     assert reloaded["models"]["activity"]["cold_start_ms"] > 0
     assert reloaded["results"] >= 2
