@@ -85,12 +85,12 @@ def test_a_full_cache_disk_costs_no_reply_and_each_episode_is_logged_once(tmp_pa
     client.subscribe("results/d2/activity")
     filler = fill(small_fs)
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(300, seed=2))
-    second.wait_for_log("cache write failed")
+    assert second.wait_for_log("cache write failed"), second.log()[-3000:]
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=3))
     # (c) space freed: the next writes work, and say so once.
     filler.unlink()
     serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=4))
-    second.wait_for_log("cache write works again")
+    assert second.wait_for_log("cache write works again"), second.log()[-3000:]
     client.close()
     assert second.stop() == 0
     log = second.log()

@@ -75,13 +75,9 @@ def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
     config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
     daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
     try:
-        with open(tmp_path / "daemon.log") as log:  # wait until it has tried, and failed, to connect
-            seen = ""
-            for _ in range(int(WAIT_S / 0.1)):
-                seen += log.read()
-                if "cannot connect to" in seen or daemon.proc.poll() is not None:
-                    break
-                time.sleep(0.1)  # polling a log file; the limit only bounds a failing test
+        # wait until it has tried, and failed, to connect
+        assert daemon.wait_for_log("cannot connect to"), daemon.log()
+        seen = daemon.log()
         refused = f"refused: nothing accepts connections on port {broker.port}"
         assert f"cannot connect to mqtt://{broker.address}: {refused}" in seen, seen  # the cause...
         assert "next try in 1 s" in seen, seen  # ...and when it tries again
@@ -124,7 +120,7 @@ def test_under_systemd_ready_comes_once_serving_and_the_watchdog_is_fed(tmp_path
 def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
     daemon = Daemon(write_config(tmp_path), broker.address, tmp_path / "daemon.log")
     try:
-        daemon.wait_for_log("start-up: models")  # the slow part: models load and warm up
+        assert daemon.wait_for_log("start-up: models"), daemon.log()  # the slow part: models load and warm up
         daemon.proc.send_signal(signal.SIGHUP)
         client.subscribe("edge-inferd/edge-inferd/status")
         client.wait_payload("edge-inferd/edge-inferd/status", b"online")

@@ -62,7 +62,7 @@ def _two_processes_with_a_burst(tmp_path, broker, start_daemon):
 def test_a_killed_worker_process_is_restarted_and_its_requests_redelivered(tmp_path, broker, start_daemon):
     collector, daemon = _two_processes_with_a_burst(tmp_path, broker, start_daemon)
     with collector.cond:  # mid-stream: some replies out, most requests still to serve
-        collector.cond.wait_for(lambda: len(collector.on("results/s1/activity")) >= N // 10, WAIT_S)
+        assert collector.cond.wait_for(lambda: len(collector.on("results/s1/activity")) >= N // 10, WAIT_S)
     os.kill(_child_pids(daemon.log())["0"], signal.SIGKILL)
     assert daemon.wait_for_log("worker w0 started", count=2), daemon.log()  # restarted by the parent
     replies = wait_unique_ids(collector, "results/s1/activity", N)

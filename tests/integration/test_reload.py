@@ -107,8 +107,8 @@ def test_a_changed_route_restarts_its_steps_and_keeps_every_request(tmp_path, br
     assert daemon.wait_for_log("reload: applied (restarted from dispatcher)"), daemon.log()[-3000:]
     collector.publish("sensors/r3/imu", _requests(1, start=200)[0])
     with collector.cond:
-        collector.cond.wait_for(lambda: len({json.loads(m.payload)["id"] for m in collector.messages
-                                             if m.topic.startswith("results/r3/")}) >= 201, WAIT_S)
+        assert collector.cond.wait_for(lambda: len({json.loads(m.payload)["id"] for m in collector.messages
+                                                    if m.topic.startswith("results/r3/")}) >= 201, WAIT_S)
     replies = [json.loads(m.payload) for m in collector.messages if m.topic.startswith("results/r3/")]
     assert {r["id"] for r in replies} == set(range(201))
     assert json.loads(collector.on("results/r3/activity-v2")[-1].payload)["id"] == 200

@@ -47,7 +47,7 @@ def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(t
         wrong = write_config(tmp_path / "wrong", mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
         daemon = Daemon(wrong, broker.address, tmp_path / "wrong.log")
         try:
-            daemon.wait_for_log("cannot connect to")
+            assert daemon.wait_for_log("cannot connect to"), daemon.log()
             assert "CERTIFICATE_VERIFY_FAILED" in daemon.log() and daemon.proc.poll() is None  # named, retrying
         finally:
             daemon.stop()
@@ -55,8 +55,8 @@ def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(t
         right = write_config(tmp_path / "right", mqtt={"tls": {"ca_file": str(pki / "ca.crt")}})
         daemon = Daemon(right, broker.address, tmp_path / "right.log")
         try:
-            daemon.wait_for_log("connected to")
-            assert "connected to" in daemon.log() and "mqtts://" in daemon.log()
+            assert daemon.wait_for_log("connected to"), daemon.log()
+            assert "mqtts://" in daemon.log()
         finally:
             assert daemon.stop() == 0, daemon.log()
 
@@ -71,8 +71,7 @@ def test_a_password_from_a_file_logs_in_and_is_never_logged(tmp_path):
         config = write_config(tmp_path, mqtt={"username": "gw", "password_file": str(secret_file)})
         daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
         try:
-            daemon.wait_for_log("connected to")  # the broker refuses anonymous clients
-            assert "connected to" in daemon.log()
+            assert daemon.wait_for_log("connected to"), daemon.log()  # the broker refuses anonymous clients
         finally:
             assert daemon.stop() == 0, daemon.log()
     assert SECRET not in daemon.log()
