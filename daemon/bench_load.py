@@ -172,12 +172,12 @@ def wait_online(address: str, status_topic: str, proc: subprocess.Popen, log: Pa
 
 
 class ConsumerProcess:
-    """A consumer command as a child process; stdout and stderr go to `log`."""
+    """A consumer command as a child process; stdout and stderr go to `log`; `env` adds to the environment."""
 
-    def __init__(self, cmd: list[str], address: str, status_topic: str, log: Path):
+    def __init__(self, cmd: list[str], address: str, status_topic: str, log: Path, env: Optional[dict] = None):
         self.log = log
         with open(log, "wb") as out:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             wait_online(address, status_topic, self.proc, log)

@@ -11,10 +11,11 @@ import logging
 import subprocess
 import sys
 import threading
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -89,6 +90,18 @@ def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dic
     return path
 
 
+def start_daemon(base: Path, workdir: Path, client_id: str, overrides: dict, address: str, log: Path,
+                 pythonpath: Optional[Path] = None) -> ConsumerProcess:
+    """`edge-inferd run` on a bench copy of `base` (write_bench_config), once it is online at `address`.
+    `pythonpath`: put first on the child's PYTHONPATH (a script run from a checkout passes its root)."""
+    config = write_bench_config(base, workdir, client_id, overrides)
+    cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", address]
+    env = None
+    if pythonpath is not None:
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))}
+    return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env)
+
+
 def activity_lines(config_path: Path) -> tuple[list[bytes], np.ndarray]:
     """The activity test samples as JSON nested lists (as users send them), and the raw array."""
     config = load_config(config_path)
@@ -119,14 +132,13 @@ class Bench:
         client_id = f"bench-{consumer.name}-{self._started}"
         workdir = self.workdir / client_id
         workdir.mkdir()
-        if consumer.kind == "daemon":
-            config = write_bench_config(self.plan.config, workdir, client_id, consumer.overrides)
-            cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", self.address]
-        else:
-            cmd = [sys.executable, "-m", "daemon.baselines", consumer.kind, "--broker", self.address,
-                   "--config", str(self.plan.config), "--client-id", client_id]
         logger.info("starting %s", consumer.name)
-        return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", workdir / "consumer.log")
+        log = workdir / "consumer.log"
+        if consumer.kind == "daemon":
+            return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log)
+        cmd = [sys.executable, "-m", "daemon.baselines", consumer.kind, "--broker", self.address,
+               "--config", str(self.plan.config), "--client-id", client_id]
+        return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", log)
 
     def warm(self, pub: LinePublisher, line: Callable[[int], bytes]) -> None:
         """Negative ids: end-to-end readiness (publisher connected, consumer subscribed) and warm-up."""

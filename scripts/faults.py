@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -33,8 +32,8 @@ from paho.mqtt.properties import Properties
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.bench_load import ConsumerProcess, json_line  # noqa: E402
-from daemon.bench_phases import write_bench_config  # noqa: E402
+from daemon.bench_load import json_line  # noqa: E402
+from daemon.bench_phases import start_daemon  # noqa: E402
 from daemon.broker import Broker  # noqa: E402
 from daemon.mqtt import disable_nagle  # noqa: E402
 
@@ -47,6 +46,9 @@ BEFORE_KILL_S = 3.0  # the stream runs this long before the kill...
 AFTER_RESTART_S = 3.0  # ...and this long after the restart
 SETTLE_S = 15.0  # then replies are awaited until none came for this long
 _POLL_S = 0.05
+# The daemon (`edge-inferd run` from this checkout): persistent session, cache off, 1 s reconnects.
+DAEMON_OVERRIDES = {"cache": {"enabled": False},
+                    "mqtt": {"session_expiry_s": 86400, "reconnect_min_s": RECONNECT_S, "reconnect_max_s": RECONNECT_S}}
 
 
 class PersistentClient:
@@ -91,16 +93,6 @@ class PersistentClient:
         self.c.loop_stop()
 
 
-def start_daemon(address: str, workdir: Path) -> ConsumerProcess:
-    """`edge-inferd run` from this checkout: persistent session, cache off, 1 s reconnects."""
-    overrides = {"cache": {"enabled": False},
-                 "mqtt": {"session_expiry_s": 86400, "reconnect_min_s": RECONNECT_S, "reconnect_max_s": RECONNECT_S}}
-    config = write_bench_config(ROOT / "config.yaml", workdir, CLIENT_ID, overrides)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", address]
-    return ConsumerProcess(cmd, address, f"edge-inferd/{CLIENT_ID}/status", workdir / "daemon.log")
-
-
 def payloads(n: int) -> list[bytes]:
     with np.load(ROOT / "models/activity/test.npz", allow_pickle=False) as data:
         x = data["x"]
@@ -133,7 +125,8 @@ def broker_kill(workdir: Path, rate: float, down_s: float) -> dict:
     clients: list[PersistentClient] = []
     daemon = None
     try:
-        daemon = start_daemon(broker.address, workdir)
+        daemon = start_daemon(ROOT / "config.yaml", workdir, CLIENT_ID, DAEMON_OVERRIDES, broker.address,
+                              workdir / "daemon.log", pythonpath=ROOT)
         clients.append(PersistentClient(broker.address, f"{CLIENT_ID}-collector"))
         clients[0].subscribe(REPLY_TOPIC)
         clients.append(PersistentClient(broker.address, f"{CLIENT_ID}-publisher"))

@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.bench_load import (  # noqa: E402
     Collector,
-    ConsumerProcess,
     LinePublisher,
     drain_summary,
     json_line,
@@ -45,7 +44,7 @@ from daemon.bench_load import (  # noqa: E402
     outcome,
     require_clients,
 )
-from daemon.bench_phases import NOISE_STD, write_bench_config  # noqa: E402
+from daemon.bench_phases import NOISE_STD, start_daemon  # noqa: E402
 from daemon.broker import Broker  # noqa: E402
 
 CLIENT_ID = "soak"
@@ -180,10 +179,8 @@ class Soak:
         self.collector = Collector(address, REPLY_FILTER)
         self.collector.by_id = CountingIds()  # before any request is sent, so no reply is missed
         overrides = {"cache": {"memory_mb": CACHE_MEMORY_MB}, "stats_interval_s": SAMPLE_S}
-        config = write_bench_config(ROOT / "config.yaml", workdir, CLIENT_ID, overrides)
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", address]
-        self.daemon = ConsumerProcess(cmd, address, f"edge-inferd/{CLIENT_ID}/status", workdir / "daemon.log")
+        self.daemon = start_daemon(ROOT / "config.yaml", workdir, CLIENT_ID, overrides, address,
+                                   workdir / "daemon.log", pythonpath=ROOT)
         self.pubs = [LinePublisher(address, topic) for _, topic, _ in ROUTES]
         self.next_id = 0
 
@@ -210,10 +207,11 @@ class Soak:
         for i in ids:
             route, line = self.requests.line(i)
             lines[route].append(line)
+        chunks = [b"".join(route_lines) for route_lines in lines]
         by_id = self.collector.by_id
         cpu0, start = self.daemon.cpu_s(), time.perf_counter()
-        writers = [threading.Thread(target=self._write_all, args=(pub, chunk), daemon=True)
-                   for pub, chunk in zip(self.pubs, lines)]
+        writers = [threading.Thread(target=pub.send, args=(chunk,), daemon=True)
+                   for pub, chunk in zip(self.pubs, chunks)]
         for w in writers:
             w.start()
         self.collector.settle(lambda: all(i in by_id for i in ids), SETTLE_S)
@@ -221,11 +219,6 @@ class Soak:
             w.join()
         cpu = self.daemon.cpu_s() - cpu0
         return drain_summary(outcome(self.collector, ids).summary(), start, last_reply(self.collector, ids), cpu)
-
-    @staticmethod
-    def _write_all(pub: LinePublisher, lines: list[bytes]) -> None:
-        pub.stdin.write(b"".join(lines))
-        pub.stdin.flush()
 
     def paced(self, rate: float, seconds: float, progress: Callable[[int, int], None]) -> dict:
         """Open loop: request k is written at start + k / rate, whatever came back."""
