@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,17 +23,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from daemon.broker import Broker, end_process  # noqa: E402
-from daemon.bench_phases import write_bench_config  # noqa: E402
+from daemon.bench_phases import start_daemon  # noqa: E402
+from daemon.broker import Broker  # noqa: E402
 
 TIMEOUT_S = 300.0
 
 
-def _config(workdir: Path, processes: int) -> Path:
+def _overrides(processes: int) -> dict:
     # Worker processes keep persistent sessions (their share waits for them across a restart).
-    return write_bench_config(ROOT / "config.yaml", workdir, "bench", {
-        "cache": {"enabled": False}, "workers": {"processes": processes},
-        "mqtt": {"session_expiry_s": 0 if processes == 1 else 3600}})
+    return {"cache": {"enabled": False}, "workers": {"processes": processes},
+            "mqtt": {"session_expiry_s": 0 if processes == 1 else 3600}}
 
 
 def _payloads(n: int) -> list[bytes]:
@@ -51,9 +48,7 @@ def measure(processes: int, payloads: list[bytes]) -> float:
 
         def on_message(client, userdata, msg):
             with cond:
-                if msg.topic.endswith("/status"):
-                    seen.add(msg.payload)
-                elif (reply := json.loads(msg.payload))["id"] not in seen:
+                if (reply := json.loads(msg.payload))["id"] not in seen:
                     seen.add(reply["id"])
                     times.append(time.monotonic())
                     if "error" in reply:  # results are counted, not replies: an `overloaded` is no result
@@ -61,23 +56,22 @@ def measure(processes: int, payloads: list[bytes]) -> float:
                 cond.notify_all()
         c.on_message = on_message
         c.connect("127.0.0.1", broker.port)
-        c.subscribe([("edge-inferd/bench/status", 1), ("results/b/activity", 1)])
+        c.subscribe([("results/b/activity", 1)])
         c.loop_start()
-        log = open(Path(tmp) / "daemon.log", "wb")
-        config = _config(Path(tmp), processes)
-        daemon = subprocess.Popen([sys.executable, "-m", "daemon", "run", "--config", str(config),
-                                   "--broker", broker.address], stdout=log, stderr=log, cwd=ROOT,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        with cond:
-            assert cond.wait_for(lambda: b"online" in seen, TIMEOUT_S), "node not online"
-        for info in [c.publish("sensors/b/imu", p, qos=1) for p in payloads]:
-            info.wait_for_publish(TIMEOUT_S)
-        with cond:
-            assert cond.wait_for(lambda: len(times) >= len(payloads), TIMEOUT_S), f"{len(times)} answered"
+        try:
+            daemon = start_daemon(ROOT / "config.yaml", Path(tmp), "bench", _overrides(processes), broker.address,
+                                  Path(tmp) / "daemon.log", pythonpath=ROOT)  # returns once the node is online
+            try:
+                for info in [c.publish("sensors/b/imu", p, qos=1) for p in payloads]:
+                    info.wait_for_publish(TIMEOUT_S)
+                with cond:
+                    assert cond.wait_for(lambda: len(times) >= len(payloads), TIMEOUT_S), f"{len(times)} answered"
+            finally:
+                daemon.stop()
+        finally:
+            c.disconnect()
+            c.loop_stop()
         assert not errors, f"{len(errors)} of {len(payloads)} answered with an error ({errors[0]}), not a result"
-        end_process(daemon, signal.SIGTERM, 60)
-        c.disconnect()
-        c.loop_stop()
         return (len(times) - 1) / (times[-1] - times[0])
 
 
