@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
