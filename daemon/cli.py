@@ -14,11 +14,11 @@ import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from daemon import cli_parser
-from daemon.heartbeat import INDEX_ENV  # set in a worker process's environment (daemon/supervisor.py)
+from daemon.errors import EXIT_CONFIG
+from daemon.lifecycle.heartbeat import INDEX_ENV  # set in a worker process's environment (daemon/lifecycle/supervisor.py)
 
 EXIT_OK = 0
 EXIT_FAIL = 1
-EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: systemd units can RestartPreventExitStatus=78
 EXIT_INTERRUPTED = 130
 
 logger = logging.getLogger("edge-inferd")
@@ -69,11 +69,12 @@ def _missing_default_config(args: argparse.Namespace) -> Optional[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from daemon.signals import ForcedExit, SignalQueue
+    from daemon.lifecycle.signals import ForcedExit, SignalQueue
 
     signals = SignalQueue.install()  # before anything slow: a signal during start-up is queued, not fatal
-    from daemon.config import Config, load_config
-    from daemon.service import Service
+    from daemon.config.schema import Config
+    from daemon.config.loader import load_config
+    from daemon.lifecycle.service import Service
 
     def read(check_models: bool | Callable[[Config], bool] = True) -> Config:
         config = load_config(args.config, check_models)
@@ -81,12 +82,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     index = os.environ.get(INDEX_ENV)
     try:
-        if index is not None:  # a worker process of a supervised node (daemon/supervisor.py)
+        if index is not None:  # a worker process of a supervised node (daemon/lifecycle/supervisor.py)
             return _run_worker(int(index), read, signals)
         # With worker processes the children load (and check) the models, not the parent.
         config = read(check_models=lambda c: c.workers.processes == 1)
         if config.workers.processes > 1:
-            from daemon.supervisor import Supervisor
+            from daemon.lifecycle.supervisor import Supervisor
 
             return Supervisor(config, [sys.executable, "-m", "daemon", *sys.argv[1:]], signals).run()
         Service(config, signals, reread=lambda: read(check_models=False)).run()
@@ -100,9 +101,9 @@ def _run_worker(index: int, read, signals) -> int:
     """One worker process: the whole daemon under its derived identity, beating into its heartbeat."""
     from pathlib import Path
 
-    from daemon.heartbeat import HEARTBEAT_ENV, Heartbeat
-    from daemon.service import Service
-    from daemon.supervisor import child_config
+    from daemon.lifecycle.heartbeat import HEARTBEAT_ENV, Heartbeat
+    from daemon.lifecycle.service import Service
+    from daemon.lifecycle.supervisor import child_config
 
     def derived(check_models: bool = True):
         return child_config(read(check_models), index)
@@ -117,12 +118,12 @@ def _run_worker(index: int, read, signals) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from daemon.config import load_config
+    from daemon.config.loader import load_config
 
     config = load_config(args.config)
     if args.deep:
         from daemon.errors import ConfigError
-        from daemon.evaluate import deep_check
+        from daemon.pipeline.evaluate import deep_check
 
         problems = deep_check(config)
         if problems:
@@ -133,8 +134,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from daemon.config import load_config
-    from daemon.evaluate import validate
+    from daemon.config.loader import load_config
+    from daemon.pipeline.evaluate import validate
 
     config = load_config(args.config)
     report, ok = validate(config, args.route, args.data, args.float_model, args.max_drop, args.min_accuracy)
@@ -147,8 +148,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_e2e(args: argparse.Namespace) -> int:
-    from daemon.bench_e2e import Plan, run_bench
-    from daemon.bench_report import summary, write_outputs
+    from daemon.tools.bench.plan import Plan
+    from daemon.tools.bench.e2e import run_bench
+    from daemon.tools.bench.report import summary, write_outputs
 
     plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only)
     results = run_bench(plan)
@@ -161,8 +163,8 @@ def _cmd_bench_e2e(args: argparse.Namespace) -> int:
 def _cmd_bench_model(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from daemon.config import load_config
-    from daemon.evaluate import bench_model, format_bench
+    from daemon.config.loader import load_config
+    from daemon.tools.bench.model import bench_model, format_bench
 
     config = load_config(args.config)
     rows = bench_model(config, args.route, tuple(args.batch), args.threads, args.iterations,
@@ -172,7 +174,7 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from daemon.node_status import fetch, render
+    from daemon.obs.status import fetch, render
 
     try:
         nodes = fetch(args.broker, args.client_id)
@@ -187,7 +189,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from daemon.demo import run_demo
+    from daemon.tools.demo import run_demo
 
     return EXIT_OK if run_demo(args.config, limit=args.limit, quiet=args.quiet, verbose=args.verbose) else EXIT_FAIL
 

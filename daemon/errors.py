@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-# Error codes carried in error replies (contract, ARCHITECTURE.md section 3).
+# Error codes carried in error replies (the contract: README.md, Messages).
 BAD_PAYLOAD = "bad_payload"
 BAD_SHAPE = "bad_shape"
 TOO_LARGE = "too_large"
@@ -13,6 +13,9 @@ OVERLOADED = "overloaded"
 INTERNAL = "internal"
 SUPERSEDED = "superseded"  # coalesce: latest, a newer request of the same device was queued
 RATE_LIMITED = "rate_limited"  # min_interval_ms: the device sent again too soon
+# sysexits.h EX_CONFIG: an invalid config or model. systemd units RestartPreventExitStatus=78, and a
+# worker process that exits with it halts its supervisor instead of a restart loop.
+EXIT_CONFIG = 78
 ERROR_CODES = (BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, EXPIRED, OVERLOADED, INTERNAL, SUPERSEDED, RATE_LIMITED)
 
 

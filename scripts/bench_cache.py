@@ -22,8 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.cache import ResultCache, make_key  # noqa: E402
-from daemon.config import CacheConfig  # noqa: E402
+from daemon.cache.result_cache import ResultCache
+from daemon.cache.cache_key import make_key  # noqa: E402
+from daemon.config.schema import CacheConfig  # noqa: E402
 
 CALLS = 200_000
 REPEATS = 5

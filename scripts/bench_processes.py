@@ -23,8 +23,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from daemon.bench_phases import start_daemon  # noqa: E402
-from daemon.broker import Broker  # noqa: E402
+from daemon.tools.bench.phases import start_daemon  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
 
 TIMEOUT_S = 300.0
 

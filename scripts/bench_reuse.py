@@ -33,10 +33,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.config import ReuseConfig, load_config, open_model  # noqa: E402
-from daemon.evaluate import find_route, load_split, route_pipeline  # noqa: E402
-from daemon.pipeline import Request, handle_batch  # noqa: E402
-from daemon.reuse import DeviceReuse  # noqa: E402
+from daemon.config.reuse import ReuseConfig
+from daemon.config.loader import load_config
+from daemon.config.model_files import open_model  # noqa: E402
+from daemon.pipeline.evaluate import find_route, load_split
+from daemon.pipeline.route_pipeline import route_pipeline  # noqa: E402
+from daemon.pipeline.route_pipeline import Request
+from daemon.pipeline.request_path import handle_batch  # noqa: E402
+from daemon.pipeline.reuse import DeviceReuse  # noqa: E402
 
 ROUTES = {"activity-raw": "models/activity/test.npz", "appliance-raw": "models/appliance/test.npz"}
 MAX_AGE_S = 30.0

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/faults.py broker-kill [--runs 3] [--down-s 3] [--rate 200] [--out f.json]
 
-A private mosquitto (persistence on, `autosave_interval 1`: daemon/broker.py), the real
+A private mosquitto (persistence on, `autosave_interval 1`: daemon/tools/broker.py), the real
 daemon with its persistent session, and two persistent paho v5 clients of their own
 (clean_start False, a session expiry): a QoS 1 publisher paced at `--rate` and a
 collector of the replies. Mid-stream the broker is SIGKILLed, stays down `--down-s`,
@@ -32,10 +32,10 @@ from paho.mqtt.properties import Properties
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.bench_load import json_line  # noqa: E402
-from daemon.bench_phases import start_daemon  # noqa: E402
-from daemon.broker import Broker  # noqa: E402
-from daemon.mqtt import disable_nagle  # noqa: E402
+from daemon.tools.bench.load import json_line  # noqa: E402
+from daemon.tools.bench.phases import start_daemon  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
+from daemon.transport.mqtt import disable_nagle  # noqa: E402
 
 CLIENT_ID = "faults"
 REQUEST_TOPIC = "sensors/f1/imu"

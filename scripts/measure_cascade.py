@@ -31,12 +31,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from daemon import preprocess  # noqa: E402
-from daemon.cascade import Cascade  # noqa: E402
-from daemon.config import ModelConfig, load_config, open_model  # noqa: E402
-from daemon.config_cascade import EscalateConfig  # noqa: E402
-from daemon.evaluate import find_route, load_split, route_pipeline  # noqa: E402
-from daemon.pipeline import Request, handle_batch  # noqa: E402
+from daemon.model import preprocess  # noqa: E402
+from daemon.serve.cascade import Cascade  # noqa: E402
+from daemon.config.schema import ModelConfig
+from daemon.config.loader import load_config
+from daemon.config.model_files import open_model  # noqa: E402
+from daemon.config.escalate import EscalateConfig  # noqa: E402
+from daemon.pipeline.evaluate import find_route, load_split
+from daemon.pipeline.route_pipeline import route_pipeline  # noqa: E402
+from daemon.pipeline.route_pipeline import Request
+from daemon.pipeline.request_path import handle_batch  # noqa: E402
 
 ROUTE = "appliance"
 LARGE = "appliance_large"

@@ -30,8 +30,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.broker import Broker, end_process  # noqa: E402
-from daemon.config_reader import absolute_paths  # noqa: E402
+from daemon.tools.broker import Broker, end_process  # noqa: E402
+from daemon.config.reader import absolute_paths  # noqa: E402
 
 WAIT_S = 60.0
 STATS = "edge-inferd/edge-inferd/stats"
@@ -39,7 +39,8 @@ STATS = "edge-inferd/edge-inferd/stats"
 # Run in a fresh interpreter: RSS with and without `workers` warmed copies of one model.
 _ARENA = """
 import ctypes, gc, json, sys
-from daemon.config import load_config, open_model
+from daemon.config.loader import load_config
+from daemon.config.model_files import open_model
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
 config = load_config(sys.argv[1], check_models=False)

@@ -85,7 +85,7 @@ def _features(shape, dilations, per_dilation, biases, indices):
 
 
 def _int8_features(features, x: np.ndarray, to_int8) -> np.ndarray:
-    from daemon.runtime import Model
+    from daemon.model.runtime import Model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "features.tflite"

@@ -16,8 +16,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon import baselines  # noqa: E402
-from daemon.config import RouteConfig  # noqa: E402
+from daemon.tools import baselines  # noqa: E402
+from daemon.config.schema import RouteConfig  # noqa: E402
 
 
 def make_answer() -> tuple[RouteConfig, Callable[[bytes], str]]:

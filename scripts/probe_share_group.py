@@ -21,7 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from daemon.broker import Broker  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
 
 BURST = 100
 SETTLE_S = 1.0  # a probe, not a test: time for the broker to hand everything out

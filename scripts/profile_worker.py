@@ -21,10 +21,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon import codecs, pipeline  # noqa: E402
-from daemon.config import load_config  # noqa: E402
-from daemon.evaluate import find_route, route_pipeline  # noqa: E402
-from daemon.runtime import Model  # noqa: E402
+from daemon.pipeline import codecs
+from daemon.pipeline import request_path  # noqa: E402
+from daemon.config.loader import load_config  # noqa: E402
+from daemon.pipeline.evaluate import find_route
+from daemon.pipeline.route_pipeline import route_pipeline  # noqa: E402
+from daemon.model.runtime import Model  # noqa: E402
 from naive_baseline import make_answer  # noqa: E402  (scripts/ is on sys.path when run)
 
 
@@ -49,7 +51,7 @@ def main() -> int:
         payload = json.dumps({"id": 1, "data": data["x"][0].tolist()}).encode()
 
     def worker_path() -> bytes:
-        return codecs.encode(pipeline.handle(pipe, payload, model, None, time.monotonic(), time.monotonic))
+        return codecs.encode(request_path.handle(pipe, payload, model, None, time.monotonic(), time.monotonic))
 
     _, naive_answer = make_answer()  # the very function scripts/naive_baseline.py runs per message
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/soak.py [--minutes 10] [--load 0.8] [--out soak.json]
 
-A private mosquitto (daemon/broker.py) and `edge-inferd run` on a copy of config.yaml
+A private mosquitto (daemon/tools/broker.py) and `edge-inferd run` on a copy of config.yaml
 (a private cache dir, a clean session). Capacity is measured first by a closed drain of
 `--capacity-requests`; then requests are written to two unpaced `mosquitto_pub -l`
 clients (activity and appliance routes, alternating) at `--load` x capacity. Inputs are
@@ -35,17 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.bench_load import (  # noqa: E402
-    Collector,
-    LinePublisher,
-    drain_summary,
-    json_line,
-    last_reply,
-    outcome,
-    require_clients,
-)
-from daemon.bench_phases import NOISE_STD, start_daemon  # noqa: E402
-from daemon.broker import Broker  # noqa: E402
+from daemon.tools.bench.load import Collector, LinePublisher, drain_summary, json_line, last_reply, outcome, require_clients
+from daemon.tools.bench.phases import NOISE_STD, start_daemon  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
 
 CLIENT_ID = "soak"
 REPLY_FILTER = "results/soak/#"

@@ -4,8 +4,8 @@
     python scripts/step_load.py                       # docs/bench-autoscale.png and .csv
     python scripts/step_load.py --cooldown 30 --idle-after 130
 
-A private mosquitto (daemon/broker.py), one reply collector and one open-loop publisher
-(`mosquitto_pub -l`, daemon/bench_load.py). First one worker's capacity is measured: a
+A private mosquitto (daemon/tools/broker.py), one reply collector and one open-loop publisher
+(`mosquitto_pub -l`, daemon/tools/bench/load.py). First one worker's capacity is measured: a
 burst drained by a daemon with workers {min: 1, max: 1}. Then a daemon with workers
 {min: 1, max: 4} (`python -m daemon run --config <tmp config>`) gets nothing for
 `--idle-before` seconds, `--load` x that capacity for `--step` seconds, and nothing for
@@ -30,10 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.bench_e2e import Plan  # noqa: E402
-from daemon.bench_load import LinePublisher, _host_port, end_process, json_line  # noqa: E402
-from daemon.bench_phases import REQUEST_TOPIC, Bench, Consumer, activity_lines  # noqa: E402
-from daemon.broker import Broker  # noqa: E402
+from daemon.tools.bench.plan import Plan  # noqa: E402
+from daemon.tools.bench.load import LinePublisher, _host_port, json_line  # noqa: E402
+from daemon.tools.broker import end_process  # noqa: E402
+from daemon.tools.bench.phases import REQUEST_TOPIC, Bench, Consumer, activity_lines  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
 
 BIN_S = 0.2  # the plot's time resolution, and the daemon's stats interval
 SEND_TICK_S = 0.005  # the publisher writes what is due this often

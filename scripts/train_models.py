@@ -30,8 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from daemon import preprocess  # noqa: E402  (after the path tweak, so it runs from a checkout)
-from daemon.runtime import Model, file_sha256  # noqa: E402
+from daemon.model import preprocess  # noqa: E402  (after the path tweak, so it runs from a checkout)
+from daemon.model.runtime import Model, file_sha256  # noqa: E402
 
 SEED = 1234
 

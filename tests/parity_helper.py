@@ -13,10 +13,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from daemon.config import load_config  # noqa: E402
-from daemon.evaluate import find_route  # noqa: E402
-from daemon.pipeline import RoutePipeline  # noqa: E402
-from daemon.runtime import Model  # noqa: E402
+from daemon.config.loader import load_config  # noqa: E402
+from daemon.pipeline.evaluate import find_route  # noqa: E402
+from daemon.pipeline.route_pipeline import RoutePipeline  # noqa: E402
+from daemon.model.runtime import Model  # noqa: E402
 
 
 def main(out: str, *triples: str) -> None:

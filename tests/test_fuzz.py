@@ -1,7 +1,7 @@
 """Property: every request gets exactly one reply, of a contract code, whatever its bytes.
 
 hypothesis generates arbitrary bytes, arbitrary JSON and request-shaped JSON with
-arbitrary ids and data; the dispatcher runs them through the real pipeline and the real
+arbitrary ids and data; serving runs them through the real pipeline and the real
 INT8 model (one worker), and each request must be answered once and acked once.
 """
 
@@ -15,13 +15,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.config import BatchingConfig, WorkersConfig, load_config
-from daemon.dispatch import Dispatcher
+from daemon.config.schema import BatchingConfig, WorkersConfig
+from daemon.config.loader import load_config
+from daemon.serve import wiring
 from daemon.errors import ERROR_CODES
-from daemon.evaluate import route_pipeline
-from daemon.mqtt import Inbound
-from daemon.runtime import Model
-from daemon.stats import Stats
+from daemon.pipeline.route_pipeline import route_pipeline
+from daemon.transport.inbound import Inbound
+from daemon.model.runtime import Model
+from daemon.obs.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 30.0
@@ -65,16 +66,16 @@ class Replies:
         return contextlib.nullcontext()
 
 
-_DISPATCHER: list[Dispatcher] = []
+_DISPATCHER: list[wiring.Serving] = []
 
 
-def _dispatcher() -> Dispatcher:
+def _serving() -> wiring.Serving:
     if not _DISPATCHER:
         config = load_config(ROOT / "config.yaml")
         route = config.routes[0]
         pipe = route_pipeline(config, route, Model(config.models["activity"].path))
         models = {"activity": Model(config.models["activity"].path, max_batch=8)}
-        d = Dispatcher([pipe], None, Stats(), WorkersConfig(max=1), lambda i: models, BatchingConfig(max_batch=8))
+        d = wiring.build([pipe], None, Stats(), WorkersConfig(max=1), lambda i: models, BatchingConfig(max_batch=8))
         d.start()
         _DISPATCHER.append(d)
     return _DISPATCHER[0]
@@ -83,11 +84,11 @@ def _dispatcher() -> Dispatcher:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(requests, min_size=1, max_size=12))
 def test_every_request_gets_exactly_one_reply_of_a_contract_code(payloads):
-    d = _dispatcher()
+    d = _serving()
     out = Replies()
     d.attach(out)
     for mid, payload in enumerate(payloads, start=1):
-        d.on_message(Inbound(topic="sensors/f1/imu", payload=payload, qos=1, mid=mid, received_at=time.monotonic()))
+        d.intake.on_message(Inbound(topic="sensors/f1/imu", payload=payload, qos=1, mid=mid, received_at=time.monotonic()))
     with out.cond:
         assert out.cond.wait_for(lambda: len(out.replies) >= len(payloads), WAIT_S)
     mids = sorted(mid for mid, _ in out.replies)

@@ -22,7 +22,7 @@ import numpy as np
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(65, 1, 0, 0, 0) != 0:
     sys.exit(3)
-from daemon.runtime import Model
+from daemon.model.runtime import Model
 for name in ("activity", "appliance"):
     model = Model(f"models/{name}/model.tflite", max_batch=8)
     model.warm_up()

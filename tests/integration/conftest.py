@@ -26,9 +26,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from daemon.broker import Broker, end_process
-from daemon.config_reader import absolute_paths
-from daemon.mqtt import disable_nagle
+from daemon.tools.broker import Broker, end_process
+from daemon.config.reader import absolute_paths
+from daemon.transport.mqtt import disable_nagle
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0

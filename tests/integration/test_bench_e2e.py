@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from daemon.bench_e2e import CONSUMERS, WAIT_500_CONSUMER
+from daemon.tools.bench.e2e import CONSUMERS, WAIT_500_CONSUMER
 from tests.integration.conftest import ROOT
 
 BENCH_TIMEOUT_S = 180

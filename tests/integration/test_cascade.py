@@ -113,8 +113,8 @@ def test_bundled_appliance_cascade_answers_the_unsure_with_the_large_model(tmp_p
         replies = {r["id"]: r for r in client.wait_json("results/p1/appliance", 20)}
     finally:
         client.close()
-    from daemon import preprocess
-    from daemon.runtime import Model
+    from daemon.model import preprocess
+    from daemon.model.runtime import Model
 
     steps = [preprocess.parse_step(s) for s in card["preprocessing"]]
     large = Model(ROOT / "models/appliance_large/model.tflite").infer(preprocess.apply_steps(steps, x))

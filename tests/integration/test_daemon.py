@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from daemon.config import load_config
-from daemon.evaluate import validate
+from daemon.config.loader import load_config
+from daemon.pipeline.evaluate import validate
 from tests.integration.conftest import ROOT, WAIT_S, Client, write_config
 
-# Requests a test client keeps outstanding (see daemon/demo.py WINDOW for why clients pace).
+# Requests a test client keeps outstanding (see daemon/tools/demo.py WINDOW for why clients pace).
 WINDOW = 16
 
 
@@ -242,7 +242,7 @@ def test_retained_stats_describe_the_node_and_follow_its_traffic(tmp_path, clien
 def test_prometheus_endpoint_counts_requests_by_route_and_outcome(tmp_path, client, start_daemon):
     import urllib.request
 
-    from daemon.broker import free_port
+    from daemon.tools.broker import free_port
 
     port = free_port()
     start_daemon(write_config(tmp_path, metrics={"port": port}), wait_online=client)

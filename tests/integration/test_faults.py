@@ -69,7 +69,7 @@ def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker
 
 
 def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
-    from daemon.broker import Broker
+    from daemon.tools.broker import Broker
 
     broker = Broker(tmp_path / "late-broker")
     config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})

@@ -7,9 +7,10 @@ import json
 
 import numpy as np
 
-from daemon.config import load_config
-from daemon.evaluate import predict, route_pipeline
-from daemon.runtime import Model
+from daemon.config.loader import load_config
+from daemon.pipeline.evaluate import predict
+from daemon.pipeline.route_pipeline import route_pipeline
+from daemon.model.runtime import Model
 from tests.integration.conftest import ROOT, Client
 
 FIXTURE = ROOT / "tests" / "fixtures" / "digits"

@@ -7,7 +7,7 @@ import threading
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from daemon import paho_client
+from daemon.transport import paho_client
 from tests.integration import conftest
 from tests.integration.conftest import WAIT_S
 

@@ -104,7 +104,7 @@ def test_a_changed_route_restarts_its_steps_and_keeps_every_request(tmp_path, br
     daemon.proc.send_signal(signal.SIGHUP)
     for payload in sent[100:]:
         collector.c.publish("sensors/r3/imu", payload, qos=1)
-    assert daemon.wait_for_log("reload: applied (restarted from dispatcher)"), daemon.log()[-3000:]
+    assert daemon.wait_for_log("reload: applied (restarted from serving)"), daemon.log()[-3000:]
     collector.publish("sensors/r3/imu", _requests(1, start=200)[0])
     with collector.cond:
         assert collector.cond.wait_for(lambda: len({json.loads(m.payload)["id"] for m in collector.messages

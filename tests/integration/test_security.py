@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from daemon.broker import Broker
+from daemon.tools.broker import Broker
 from tests.integration.conftest import ROOT, Daemon, write_config
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")

@@ -1,0 +1,136 @@
+"""Pass 2 of config validation: what needs several sections, or the model files on disk.
+
+It runs even when pass 1 found problems, but only on what those problems leave standing: `Reader.ok` says
+whether a key path (or anything above or below it) was already reported, so one mistake
+yields one message, never a cascade of follow-on errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from daemon.config.model_files import open_model, read_labels
+from daemon.config.reader import Reader
+from daemon.config.schema import Config, ModelConfig, RouteConfig
+from daemon.errors import DaemonError, ModelError
+from daemon.model import preprocess
+from daemon.model.runtime import Model
+
+
+def cross_check(r: Reader, config: Config, check_models: bool) -> None:
+    """Duplicate route names and filters, unknown models; then (check_models) the files."""
+    routes_raw = _raw_section(r, "routes", list)
+    seen_names: dict[str, int] = {}
+    seen_filters: dict[str, int] = {}
+    for i, route in enumerate(config.routes):
+        p, m = f"routes[{i}]", routes_raw[i]
+        if route.name and r.ok(f"{p}.name"):
+            if route.name in seen_names:
+                r.error(m, "name", p, f"duplicate route name {route.name!r} (also routes[{seen_names[route.name]}])")
+            seen_names.setdefault(route.name, i)
+        if route.subscribe and r.ok(f"{p}.subscribe"):
+            if route.subscribe in seen_filters:
+                first = seen_filters[route.subscribe]
+                r.error(m, "subscribe", p, f"filter {route.subscribe!r} is already routed by routes[{first}]")
+            seen_filters.setdefault(route.subscribe, i)
+        models_readable = bool(config.models) or r.ok("models")
+        if route.model and r.ok(f"{p}.model") and models_readable and route.model not in config.models:
+            known = ", ".join(sorted(config.models)) or "none"
+            r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
+        check_escalate(r, config, m, p, route)
+    if check_models:
+        _check_models(r, config)
+
+
+def _raw_section(r: Reader, key: str, kind: type) -> Any:
+    value = r.raw.get(key) if isinstance(r.raw, dict) else None
+    return value if isinstance(value, kind) else kind()
+
+
+def _check_models(r: Reader, config: Config) -> None:
+    """Load each model once, check its labels, and every route's shapes against it."""
+    loaded: dict[str, Model] = {}
+    models_raw = _raw_section(r, "models", dict)
+    for name, mc in config.models.items():
+        p, m = f"models.{name}", models_raw.get(name)
+        path_ok, labels_ok = r.ok(f"{p}.path", f"{p}.sha256"), r.ok(f"{p}.labels")
+        if path_ok:
+            try:
+                loaded[name] = open_model(config, name, max_batch=1)
+            except (ModelError, DaemonError) as exc:
+                r.error(m, "path", p, str(exc))
+        if labels_ok:
+            _check_labels(r, m, p, mc, loaded.get(name))
+    routes_raw = _raw_section(r, "routes", list)
+    for i, route in enumerate(config.routes):
+        p = f"routes[{i}]"
+        if route.model in loaded and r.ok(f"{p}.input.shape", f"{p}.preprocess"):
+            _check_route_shape(r, routes_raw[i], p, route, loaded[route.model])
+        check_escalate_model(r, routes_raw[i], p, route, loaded)
+
+
+def _check_labels(r: Reader, m: Any, p: str, mc: ModelConfig, model: Optional[Model]) -> None:
+    try:
+        labels = read_labels(mc.labels)
+    except (OSError, UnicodeDecodeError) as exc:
+        r.error(m, "labels", p, f"{mc.labels}: cannot read the labels file: {getattr(exc, 'strerror', None) or exc}")
+        return
+    if labels is None:
+        r.error(m, "labels", p, f"{mc.labels}: labels file not found")
+    elif model is not None and len(labels) != model.num_outputs:
+        r.error(m, "labels", p, f"{mc.labels} has {len(labels)} labels but the model has {model.num_outputs} outputs")
+
+
+def _check_route_shape(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> None:
+    try:
+        shape = preprocess.output_shape(route.preprocess, route.input.shape)
+    except ValueError as exc:
+        r.error(m, "preprocess", p, str(exc))
+        return
+    if shape != model.sample_shape:
+        r.error(m, "input", p, f"shape {list(route.input.shape)} becomes {list(shape)} after "
+                f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
+    if route.top_k > model.num_outputs and r.ok(f"{p}.output"):
+        r.error(m, "output", p, f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
+
+
+def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig) -> None:
+    """Pass 2, no files: `to_model` is a known model; a margin needs two scores."""
+    esc = route.escalate
+    if esc is None:
+        return
+    e = m.get("escalate") if isinstance(m, dict) else None
+    if esc.margin_below is not None and route.top_k < 2 and r.ok(f"{p}.output"):
+        r.error(e, "when", f"{p}.escalate", "margin_below needs output.top_k of at least 2")
+    if esc.to_topic is not None and not config.mqtt.is_v5 and r.ok(f"{p}.escalate.to_topic"):
+        r.error(e, "to_topic", f"{p}.escalate", "needs MQTT v5 (mqtt.protocol: 5): request/response properties")
+    if esc.to_model is not None and r.ok(f"{p}.escalate.to_model") and esc.to_model not in config.models:
+        known = ", ".join(sorted(config.models)) or "none"
+        r.error(e, "to_model", f"{p}.escalate", f"unknown model {esc.to_model!r} (known: {known})")
+
+
+def check_escalate_model(r: Reader, m: Any, p: str, route: RouteConfig, loaded: Mapping[str, Model]) -> None:
+    """Pass 2, models loaded: `to_model` takes the route's input (after `escalate.preprocess`, else the
+    route's) and has the same outputs."""
+    esc = route.escalate
+    if esc is None or esc.to_model is None or not r.ok(f"{p}.escalate.to_model"):
+        return
+    e = m.get("escalate") if isinstance(m, dict) else None
+    small, large = loaded.get(route.model), loaded.get(esc.to_model)
+    own = esc.preprocess is not None
+    steps_path = f"{p}.escalate.preprocess" if own else f"{p}.preprocess"
+    if small is None or large is None or not r.ok(f"{p}.input.shape", steps_path):
+        return
+    try:
+        shape = preprocess.output_shape(esc.large_route(route).preprocess, route.input.shape)
+    except ValueError as exc:
+        if own:  # the route's own steps are reported against the route's model already
+            r.error(e, "preprocess", f"{p}.escalate", str(exc))
+        return
+    if shape != large.sample_shape:
+        after = "escalate.preprocess" if own else "preprocessing"
+        r.error(e, "to_model", f"{p}.escalate", f"model {esc.to_model!r} takes {list(large.sample_shape)}, "
+                f"but the route's input becomes {list(shape)} after {after}")
+    elif large.num_outputs != small.num_outputs:
+        r.error(e, "to_model", f"{p}.escalate", f"model {esc.to_model!r} has {large.num_outputs} outputs, "
+                f"{route.model!r} has {small.num_outputs}: the tiers must share the labels")

@@ -1,0 +1,209 @@
+"""Reads a config file into the frozen schema, validated in two passes.
+
+Pass 1 (shape) reads each section: unknown keys, wrong types, out-of-range values.
+Pass 2 (cross-field, check.py) checks what needs several sections or the disk: routes naming
+unknown models, duplicate names and filters, templates against filters, model and
+label files, and each route's input shape through its preprocessing against the model.
+Every problem is collected and raised at once as `ConfigError` with lines of the form
+`key.path: message (line N)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional
+
+from daemon import topics
+from daemon.config.check import cross_check
+from daemon.config.escalate import read_escalate
+from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
+from daemon.config.reader import Reader, field_names, load_yaml, read_steps, systemd_base
+from daemon.config.reuse import read_reuse
+from daemon.config.schema import (COALESCE_CHOICES, DEFAULT_MAX_BYTES, DEFAULT_TOP_K, INPUT_DTYPES, INPUT_FORMATS,
+                                  MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, BatchingConfig, CacheConfig, Config,
+                                  InputConfig, MetricsConfig, ModelConfig, RouteConfig, WorkersConfig)
+from daemon.errors import ConfigError
+from daemon.model.runtime import RUNTIME_CHOICES
+
+
+def load_config(path: Path | str, check_models: bool | Callable[[Config], bool] = True) -> Config:
+    """Read, validate and freeze a config file; ConfigError lists every problem. `check_models`
+    may depend on the config itself (the daemon's parent checks them only when it serves)."""
+    path = Path(path)
+    raw, problems = load_yaml(path)
+    reader = Reader(raw, problems)
+    base = path.resolve().parent
+    config = _read_config(reader, base, path)
+    if callable(check_models):
+        check_models = check_models(config)
+    cross_check(reader, config, check_models)  # on whatever pass 1 left standing: every mistake in one run
+    if reader.errors:
+        raise ConfigError(sorted(reader.errors, key=_line_of))
+    return config
+
+
+def _line_of(error: str) -> int:
+    """The `(line N)` an error ends with (0 for none): errors are listed in file order."""
+    _, found, rest = error.rpartition(" (line ")
+    return int(rest[:-1]) if found and rest[:-1].isdigit() else 0
+
+
+def _read_config(r: Reader, base: Path, path: Path) -> Config:
+    root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
+                                         "batching", "stats_interval_s", "metrics"), required=True)
+    if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
+        raise ConfigError(r.errors)
+    runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
+    return Config(
+        mqtt=read_mqtt(r, r.section(root, "mqtt", MqttConfig), base),
+        runtime=runtime,
+        models=MappingProxyType(_read_models(r, root, base)),
+        routes=_read_routes(r, root, base),
+        cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
+        workers=_read_workers(r, r.section(root, "workers", (*field_names(WorkersConfig), "queue"))),
+        batching=_read_batching(r, r.section(root, "batching", BatchingConfig)),
+        xnnpack=r.get(root, "xnnpack", "", bool, True),
+        stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
+        metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
+        source=path,
+    )
+
+
+def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]:
+    models = r.get(root, "models", "", dict, None, required=True) or {}
+    out = {}
+    for name, m in models.items():
+        p = f"models.{name}"
+        m = r.section(models, name, ("path", "labels", "sha256"), path=p, required=True)
+        model_path = r.get(m, "path", p, str, "", required=True)
+        labels = r.get(m, "labels", p, str, "", required=True)
+        digest = r.get(m, "sha256", p, (str, type(None)), None)
+        if digest is not None and (len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest)):
+            r.error(m, "sha256", p, "must be 64 hex digits")
+        out[str(name)] = ModelConfig(str(name), base / model_path, base / labels, digest)
+    return out
+
+
+def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...]:
+    routes = r.get(root, "routes", "", list, None, required=True) or []
+    if not routes and "routes" in root:
+        r.error(root, "routes", "", "must list at least one route")
+    return tuple(route for i, item in enumerate(routes) if (route := _read_route(r, routes, i, base)) is not None)
+
+
+def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteConfig]:
+    p = f"routes[{i}]"
+    m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
+                              "min_interval_ms", "coalesce", "reuse",
+                              "escalate"),
+                  path=p, required=True)
+    subscribe = r.get(m, "subscribe", p, str, "", required=True)
+    if subscribe and (err := topics.filter_error(subscribe)):
+        r.error(m, "subscribe", p, err)
+    publish = r.get(m, "publish", p, str, "", required=True)
+    # Placeholders count the filter's '+' levels: a broken filter has none to count.
+    captures = topics.wildcard_count(subscribe) if r.ok(f"{p}.subscribe") else None
+    if publish and (err := topics.template_error(publish, captures)):
+        r.error(m, "publish", p, err)
+    output = r.section(m, "output", ("top_k",), path=f"{p}.output")
+    gate = r.section(m, "validate", ("data", "min_accuracy"), path=f"{p}.validate")
+    data = r.get(gate, "data", f"{p}.validate", str, None, required=bool(gate))
+    if data is not None and not (base / data).is_file():
+        r.error(gate, "data", f"{p}.validate", f"{base / data}: file not found")
+    return RouteConfig(
+        name=r.get(m, "name", p, str, "", required=True),
+        subscribe=subscribe,
+        model=r.get(m, "model", p, str, "", required=True),
+        input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
+        preprocess=read_steps(r, m, p),
+        top_k=r.get(output, "top_k", f"{p}.output", int, DEFAULT_TOP_K, minimum=1),
+        publish=publish,
+        validate_data=None if data is None else base / data,
+        min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
+        min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
+        coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
+        reuse=read_reuse(r, m, p),
+        escalate=read_escalate(r, m, p, captures),
+    )
+
+
+def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
+    shape = r.get(m, "shape", p, list, [], required=True)
+    if "shape" in m and not (shape and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        r.error(m, "shape", p, f"must be a non-empty list of positive integers, got {shape!r}")
+        shape = []
+    fmt = r.get(m, "format", p, str, "json", choices=INPUT_FORMATS)
+    if fmt == "image" and not _pillow_available():
+        r.error(m, "format", p, "'image' needs Pillow: pip install 'edge-inferd[image]'")
+    return InputConfig(
+        format=fmt,
+        shape=tuple(shape or ()),
+        dtype=r.get(m, "dtype", p, str, "float32", choices=INPUT_DTYPES),
+        max_bytes=r.get(m, "max_bytes", p, int, DEFAULT_MAX_BYTES, minimum=1),
+    )
+
+
+def _pillow_available() -> bool:
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:
+    p, d = "cache", CacheConfig()
+    return CacheConfig(
+        enabled=r.get(m, "enabled", p, bool, d.enabled),
+        dir=systemd_base("CACHE_DIRECTORY", base) / r.get(m, "dir", p, str, str(d.dir)),
+        max_mb=r.get(m, "max_mb", p, int, d.max_mb, minimum=1),
+        ttl_s=r.get(m, "ttl_s", p, (int, float), d.ttl_s, minimum=0),
+        memory_mb=r.get(m, "memory_mb", p, int, d.memory_mb, minimum=0),
+    )
+
+
+def _read_metrics(r: Reader, m: Mapping) -> MetricsConfig:
+    port = r.get(m, "port", "metrics", (int, type(None)), None)
+    if port is not None and not 0 < port < PORT_LIMIT:
+        r.error(m, "port", "metrics", f"must be a port in 1..{PORT_LIMIT - 1}, got {port}")
+        port = None
+    return MetricsConfig(port=port, address=r.get(m, "address", "metrics", str, MetricsConfig.address))
+
+
+def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
+    p, d = "workers", WorkersConfig()
+    if "queue" in m:
+        r.error(m, "queue", p, "replaced by workers.queue_mb: queued requests are bounded by their bytes, "
+                "and overload by workers.max_wait_ms")
+    most = r.get(m, "max", p, int, d.max, minimum=1)
+    return WorkersConfig(
+        max=most,
+        min=_read_min_workers(r, m, p, most if r.ok(f"{p}.max") else None),
+        scale_up_wait_ms=r.get(m, "scale_up_wait_ms", p, (int, float), d.scale_up_wait_ms, minimum=0),
+        scale_down_after_s=r.get(m, "scale_down_after_s", p, (int, float), d.scale_down_after_s, minimum=0),
+        queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
+        max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
+        drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
+        processes=r.get(m, "processes", p, int, d.processes, minimum=1),
+        idle_unload_s=r.get(m, "idle_unload_s", p, (int, float), d.idle_unload_s, minimum=0),
+    )
+
+
+def _read_min_workers(r: Reader, m: Mapping, p: str, most: Optional[int]) -> int:
+    """`workers.min`, at most `most`, workers.max when that was read well (its default, the CPU
+    count, is named as such)."""
+    least = r.get(m, "min", p, int, WorkersConfig.min, minimum=1)
+    if most is not None and least > most:
+        limit = f"workers.max ({most})" if "max" in m else f"workers.max (default: the CPU count, {most})"
+        r.error(m, "min", p, f"must be at most {limit}, got {least}")
+        return most
+    return least
+
+
+def _read_batching(r: Reader, m: Mapping) -> BatchingConfig:
+    p, d = "batching", BatchingConfig()
+    return BatchingConfig(
+        max_batch=r.get(m, "max_batch", p, int, d.max_batch, minimum=1),
+        max_delay_ms=r.get(m, "max_delay_ms", p, (int, float), d.max_delay_ms, minimum=0),
+    )

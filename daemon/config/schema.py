@@ -1,0 +1,183 @@
+"""The config's schema: one frozen dataclass per YAML section, a docstring per field.
+
+Under both the readers (loader.py and a module per section) and the checks (check.py):
+this module reads nothing and checks nothing. `scripts/gen_config_doc.py` writes
+docs/config.md from these dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Optional
+
+from daemon.config.escalate import EscalateConfig
+from daemon.config.mqtt import MqttConfig
+from daemon.config.reuse import ReuseConfig
+from daemon.errors import ConfigError
+
+_MIB = 1 << 20
+DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` undecoded
+INPUT_FORMATS = ("json", "raw", "npy", "image")
+INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
+MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
+MIN_STATS_INTERVAL_S = 0.1
+COALESCE_LATEST = "latest"
+COALESCE_CHOICES = (COALESCE_LATEST,)  # routes[].coalesce
+DEFAULT_TOP_K = 3
+# Field metadata read by scripts/gen_config_doc.py (docs/config.md): "yaml" is the key when it
+# differs from the field's name, "doc_default" a default that is not a literal, "doc": False
+# hides a field that is not a YAML key.
+_HIDDEN = {"doc": False}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field(metadata=_HIDDEN)  # the key under `models`
+    path: Path
+    """The full-integer INT8 .tflite file."""
+    labels: Path
+    """One label per line, in output order."""
+    sha256: Optional[str] = None
+    """When set, a file with another digest is refused before loading."""
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    format: str = "json"
+    """json, raw, npy or image (see Input formats)."""
+    shape: tuple[int, ...] = field(default=(), metadata={"doc_default": "required"})
+    """Shape of one request, in sensor units, before preprocessing."""
+    dtype: str = "float32"
+    """Element type of raw payloads (json values are parsed as floats)."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """Larger payloads are answered `too_large` before any decoding."""
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    """Unique route name, echoed in every reply."""
+    subscribe: str
+    """Topic filter; each '+' level is a capture for {1}, {2}, ... in `publish`."""
+    model: str
+    """A key of `models`."""
+    input: InputConfig
+    """How request payloads are decoded (`routes[].input` below)."""
+    preprocess: tuple = field(metadata={"doc_default": "`[]`", "doc_type": "list of steps"})
+    """Steps from `daemon.preprocess`, applied in order (see Preprocess steps below)."""
+    top_k: int = field(metadata={"yaml": "output.top_k", "doc_default": DEFAULT_TOP_K})
+    """How many (label, score) pairs a result lists."""
+    publish: str
+    """Reply topic template: {1}, {2}, ... are the filter's '+' captures, {topic} the request topic."""
+    validate_data: Optional[Path] = field(default=None, metadata={"yaml": "validate.data"})
+    """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
+    min_accuracy: float = field(default=0.0, metadata={"yaml": "validate.min_accuracy"})
+    """The gate: top-1 accuracy on `validate.data` at least this."""
+    min_interval_ms: float = 0.0
+    """Per device (= request topic): a request sooner than this after the device's last admitted
+    one is answered `rate_limited` at once, without inference. 0: no limit."""
+    coalesce: Optional[str] = None
+    """`latest`: of a device's queued requests only the newest is served; each older one is
+    answered `superseded`. null: every request is served."""
+    reuse: Optional[ReuseConfig] = None
+    """Per-device fast path (`routes[].reuse` below): off when absent."""
+    escalate: Optional[EscalateConfig] = None
+    """Confidence cascade: low-confidence results go to a heavier tier (`routes[].escalate` below)."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    """false serves every request from the model."""
+    dir: Path = Path(".cache/edge-inferd")
+    """Created with mode 0700; survives restarts. Relative: under $CACHE_DIRECTORY when systemd
+    sets it (CacheDirectory=), else next to the config file."""
+    max_mb: int = 256
+    """Size cap in MiB."""
+    ttl_s: float = 3600.0
+    """Entries expire after this many seconds (both tiers); 0 keeps them until evicted."""
+    memory_mb: int = 32
+    """In-memory LRU in front of the disk, in MiB; 0 turns the memory tier off."""
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    max: int = field(default=os.cpu_count() or 1, metadata={"doc_default": "the number of CPUs"})
+    """Worker threads at most; each owns one interpreter per model and batch bucket."""
+    min: int = 1
+    """Worker threads at least. Between `min` and `max` the pool grows and shrinks with the
+    load (docs/scaling.md); `min` equal to `max` is a fixed pool."""
+    scale_up_wait_ms: float = 50.0
+    """A thread is added as soon as a request waits longer than this in the queue (arrival
+    to a worker taking it), one per such wait, up to `max`."""
+    scale_down_after_s: float = 30.0
+    """A thread is retired (after its current batch) once the queue wait stayed below half of
+    `scale_up_wait_ms` with a worker idle for this long; at most one per this many seconds."""
+    queue_mb: float = 64.0
+    """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
+    that fits is served however many messages it holds; past it requests are `overloaded`."""
+    max_wait_ms: float = 2000.0
+    """A request whose predicted wait (work queued ahead x measured cost / workers) exceeds
+    this is answered `overloaded` at once, instead of being served late."""
+    drain_timeout_s: float = 10.0
+    """On shutdown, how long queued and in-flight work may take."""
+    processes: int = 1
+    """Worker processes, each a full daemon with its own MQTT connection (client id
+    `<client_id>-w<i>`) in the share group `mqtt.share_group` (default: the client id), so
+    they split the node's requests and use more than one core. A supervisor keeps the node's
+    status and summed stats and restarts a crashed or stuck process (docs/scaling.md).
+    1: one process, no supervisor."""
+    idle_unload_s: float = 0.0
+    """A model that has run no inference for this long is unloaded from every worker (its
+    interpreters freed, the memory given back); the next request for it loads it again on
+    its worker. 0: never unload."""
+
+    @property
+    def queue_bytes(self) -> int:
+        return int(self.queue_mb * _MIB)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch: int = 32
+    """A worker takes up to this many queued requests at once and runs one invoke per model."""
+    max_delay_ms: float = 0.0
+    """How long a worker may wait for more requests to fill a batch (0: take what is queued,
+    never wait). The wait never passes the earliest deadline in the batch."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    port: Optional[int] = None
+    """Serve Prometheus metrics on this port (null: no endpoint)."""
+    address: str = "127.0.0.1"
+    """Address to bind; 0.0.0.0 exposes the endpoint to the network."""
+
+
+@dataclass(frozen=True)
+class Config:
+    mqtt: MqttConfig
+    runtime: str = field(metadata={"doc_default": "`auto`"})
+    """TFLite backend: auto (ai-edge-litert, else tflite-runtime), litert or tflite."""
+    models: Mapping[str, ModelConfig]
+    routes: tuple[RouteConfig, ...]
+    cache: CacheConfig
+    workers: WorkersConfig
+    batching: BatchingConfig = BatchingConfig()
+    xnnpack: bool = True
+    """litert only: false runs TFLite's built-in kernels, bit-identical to tflite-runtime."""
+    stats_interval_s: float = 10.0
+    """How often the retained stats go to `edge-inferd/<client_id>/stats` (also at start)."""
+    metrics: MetricsConfig = MetricsConfig()
+    source: Optional[Path] = field(default=None, metadata=_HIDDEN)
+    """The file this config came from, for messages."""
+
+    def with_broker(self, broker: str) -> "Config":
+        """A copy with `mqtt.broker` replaced (the `--broker` flag); validated like the file."""
+        try:
+            return replace(self, mqtt=self.mqtt.with_broker(broker))
+        except ValueError as exc:
+            raise ConfigError([f"--broker: {exc}"]) from None
+

@@ -1,0 +1,342 @@
+"""Builds the daemon from a Config and runs it: ordered start-up, reversed shutdown.
+
+Start-up is one list of steps (steps.py): models -> cache -> serving -> mqtt -> workers ->
+metrics -> intake. MQTT connects before the workers start because a resumed persistent
+session delivers its held requests right at connect: intake queues them until the workers run.
+Shutdown runs the started steps in reverse: intake closes first, then the workers
+drain queued and in-flight work while MQTT still carries their replies and acks, and
+only then is `offline` published and the connection closed. A step that fails at
+start-up stops the ones before it and re-raises; only `cli.py` turns that into an exit
+code.
+
+Signals (signals.py) are queued by their handlers and handled here, in the main
+loop: SIGTERM and the first SIGINT drain and stop; a second SIGINT raises `ForcedExit`
+from its handler; SIGHUP reloads (reload.py): a hot swap of changed models, or
+an ordered restart of the steps from the first one a change affects.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import time
+from typing import Callable, Optional
+
+from daemon.cache.result_cache import ResultCache
+from daemon.config.loader import load_config
+from daemon.config.schema import Config, WorkersConfig
+from daemon.errors import DaemonError
+from daemon.lifecycle import reload
+from daemon.lifecycle.models import load_models, worker_models
+from daemon.lifecycle.notify import Notifier
+from daemon.lifecycle.signals import SignalQueue
+from daemon.lifecycle.steps import Step, StepName
+from daemon.model.residency import ModelInfo, Residency
+from daemon.obs import stats_topic
+from daemon.obs.stats import Stats
+from daemon.pipeline import codecs
+from daemon.pipeline.route_pipeline import route_pipelines
+from daemon.serve import wiring
+from daemon.serve.jobs import WorkerModels
+from daemon.transport.mqtt import MqttLink
+from daemon.transport.outbox import Outbox
+
+logger = logging.getLogger(__name__)
+
+# How often the main loop logs a one-line stats summary.
+STATS_LOG_INTERVAL_S = 60.0
+# Until READY=1, the main loop looks for the broker's SUBACK this often.
+READY_POLL_S = 0.2
+# The watchdog is checked this many times per ping interval.
+WATCHDOG_CHECKS_PER_PING = 2
+# A worker with work that has not moved for this many ping intervals (or STALL_LIMIT_S
+# without a watchdog) is wedged: the pings stop and systemd restarts the daemon.
+STALL_LIMIT_PINGS = 1
+STALL_LIMIT_S = 30.0
+# Requests in flight to us at most (see receive_maximum).
+RECEIVE_MAXIMUM_CAP = 1024
+# The smallest request we expect, for turning the byte budget into a message count.
+SMALL_REQUEST_BYTES = 1024
+# The main loop looks for idle models at least this far apart (a copy busy past its idle time).
+IDLE_CHECK_MIN_S = 0.05
+
+
+def receive_maximum(workers: WorkersConfig) -> int:
+    """The MQTT v5 ReceiveMaximum: requests the broker may have in flight to us, unacked.
+
+    Bounded, not as high as MQTT allows. Requests are acked only once their reply's
+    PUBACK is back, and mosquitto walks a client's in-flight list for each PUBACK: with
+    65,535 allowed, an overload piled up tens of thousands in flight and the broker
+    stalled (2,302 of 75,200 requests answered at 2x capacity, against 67,337 of 69,584
+    with 1,024; docs/performance.md). Beyond this window a burst waits in the broker's
+    queue, so `max_queued_messages` must hold it (mosquitto silently drops past its
+    default of 1,000; the README says so). A byte budget smaller than the window lowers it.
+    """
+    return max(1, min(RECEIVE_MAXIMUM_CAP, workers.queue_bytes // SMALL_REQUEST_BYTES))
+
+
+class Service:
+    def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
+                 reread: Optional[Callable[[], Config]] = None, notifier: Optional[Notifier] = None):
+        """`reread` reads the config again for a reload (default: its source file, models unchecked).
+        `notifier`: a worker process's heartbeat (daemon/lifecycle/heartbeat.py) in place of systemd's."""
+        self.config = config
+        self._reread = reread or (lambda: load_config(config.source, check_models=False))
+        self._metrics_served = False
+        self._pins: dict[str, str] = {}  # model name -> sha256 a reload checked
+        self.stats = Stats()
+        self.signals = signals or SignalQueue()
+        self._stopping = False
+        self._models: dict[str, ModelInfo] = {}  # the reference copies' digests; their interpreters are freed
+        self._residency = Residency(lambda: self.config.workers.idle_unload_s)
+        self._cache: Optional[ResultCache] = None
+        self._serving: Optional[wiring.Serving] = None
+        self._link: Optional[MqttLink] = None
+        self._started: list[Step] = []
+        self._started_at = time.monotonic()
+        self._notifier = notifier or Notifier()
+
+    def steps(self) -> list[Step]:
+        return [
+            Step(StepName.MODELS, self._load_models),
+            Step(StepName.CACHE, self._open_cache, self._close_cache),
+            Step(StepName.SERVING, self._build_serving),
+            Step(StepName.MQTT, self._connect, self._disconnect),
+            Step(StepName.WORKERS, self._start_workers, self._stop_workers),
+            Step(StepName.METRICS, self._serve_metrics),
+            Step(StepName.INTAKE, lambda: self._link.open_intake(), lambda: self._link.close_intake()),
+        ]
+
+    def run(self) -> None:
+        """Start, serve until asked to stop, then shut down. Raises on a failed start-up."""
+        try:
+            self.startup()
+            if self.signals.stop_requested:
+                logger.info("stop requested during start-up")
+                return
+            workers = self.config.workers
+            logger.info("serving %d route(s) with %s worker(s)", len(self.config.routes),
+                        workers.max if workers.min >= workers.max else f"{workers.min}-{workers.max}")
+            self._main_loop()
+        finally:
+            self.shutdown()
+
+    def _main_loop(self) -> None:
+        """Until asked to stop: READY=1 once online, the watchdog, the retained stats, a log line a minute."""
+        last_stats = last_log = time.monotonic()
+        self._publish_stats()
+        ready = False  # READY=1 goes once (the notifier ignores a second): no status line per tick after it
+        while True:
+            if not ready and self._link.online.is_set():
+                ready = True
+                self._notifier.ready(self._status_line())
+            self._notifier.watchdog(self._progressing())
+            now = time.monotonic()
+            if now - last_stats >= self.config.stats_interval_s:
+                last_stats = now
+                snapshot = self._publish_stats()
+                self._notifier.status(self._status_line())
+                if now - last_log >= STATS_LOG_INTERVAL_S:
+                    last_log = now
+                    logger.info("%s", stats_topic.summary_line(snapshot))
+                    logger.debug("stats %s", codecs.encode(snapshot).decode())
+            self._residency.unload_idle()
+            if self.signals.wait(self._tick()):
+                self._handle_signals()
+            if self._stopping:
+                break
+        self._notifier.stopping()
+
+    def _tick(self) -> float:
+        tick = self.config.stats_interval_s
+        if self._notifier.watchdog_interval_s:
+            tick = min(tick, self._notifier.watchdog_interval_s / WATCHDOG_CHECKS_PER_PING)
+        due = self._residency.due_in()
+        if due is not None:  # wake when the next model may go idle (not before: a copy in use is skipped)
+            tick = min(tick, max(due, IDLE_CHECK_MIN_S))
+        return tick if self._link.online.is_set() else min(tick, READY_POLL_S)
+
+    def _progressing(self) -> bool:
+        limit = (self._notifier.watchdog_interval_s or STALL_LIMIT_S) * STALL_LIMIT_PINGS
+        return self._link.loop_alive and self._serving.pool.progressing(limit)
+
+    def _status_line(self) -> str:
+        return (f"serving {len(self.config.routes)} route(s): {self.stats.count('received')} received, "
+                f"{self.stats.count('results')} results")
+
+    def _publish_stats(self) -> dict:
+        snapshot = self.snapshot()
+        if self._link is not None and self._link.connected.is_set():  # not piled up in paho while away
+            self._link.publish(self.config.mqtt.stats_topic, codecs.encode(snapshot), retain=True)
+        return snapshot
+
+    def startup(self) -> None:
+        self._start_steps(0, {}, "start-up")
+
+    def shutdown(self) -> None:
+        self._stop_down_to(0)
+        snapshot = self.snapshot()
+        logger.info("%s", stats_topic.summary_line(snapshot))
+        # The full object last: tests/integration/test_faults.py and test_reload.py parse this line.
+        logger.info("stopped; stats %s", codecs.encode(snapshot).decode())
+
+    def _stop_down_to(self, index: int) -> None:
+        """Stop the started steps after the first `index`, last started first."""
+        while len(self._started) > index:
+            self._stop_step(self._started.pop())
+
+    @staticmethod
+    def _stop_step(step: Step) -> None:
+        if step.stop is None:
+            return
+        logger.info("shutdown: %s", step.name)
+        try:
+            step.stop()
+        except Exception:  # keep stopping the rest
+            logger.exception("shutdown step %s failed", step.name)
+
+    def snapshot(self) -> dict:
+        """The node's stats (daemon/obs/stats_topic.py): counters, cache hit rate, queue, models, latency."""
+        link, pool = self._link, self._serving.pool if self._serving else None
+        stats = stats_topic.payload(self.stats.snapshot(), time.monotonic() - self._started_at,
+                                  {name: m.sha256 for name, m in self._models.items()},
+                                  pool.size if pool else self.config.workers.max,
+                                  self._queue_state(), self._cache, link.reconnects if link else 0,
+                                  link.outbox_state() if link else {}, pool.scaling() if pool else None,
+                                  self._residency.state())
+        reuse = self._serving.reuse_snapshot() if self._serving else {}
+        if reuse:  # routes with the per-device fast path (daemon/pipeline/reuse.py): devices, hits, misses, skipped
+            stats["reuse"] = reuse
+        return stats
+
+    def _queue_state(self) -> Optional[dict]:
+        return self._serving.queue_state() if self._serving is not None else None
+
+    def _serve_metrics(self) -> None:
+        if self.config.metrics.port is not None and not self._metrics_served:  # once: a reload cannot rebind
+            self._metrics_served = True
+            from daemon.obs import prometheus  # optional: only a configured endpoint needs prometheus-client
+
+            prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
+                             lambda: self._queue_state() or {}, self._residency.state)
+
+    def _handle_signals(self) -> None:
+        """The main loop's side of the signal queue: TERM and INT stop, HUP reloads."""
+        while (signum := self.signals.pop()) is not None:
+            if signum == signal.SIGHUP:
+                self._reload()
+                continue
+            name = "SIGINT (again to force)" if signum == signal.SIGINT else signal.Signals(signum).name
+            logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
+            self._stopping = True
+
+    def _reload(self) -> None:
+        """SIGHUP: verify the re-read config in a child, then apply it; on failure keep serving."""
+        logger.info("SIGHUP: reloading %s", self.config.source)
+        self.stats.incr("reloads")
+        try:
+            new = self._reread()
+            change = reload.plan(self.config, new, {name: m.fingerprint for name, m in self._models.items()})
+            if not change.changed:
+                logger.info("reload: nothing to apply%s", _ignored(change))
+                return
+            problem = reload.verify(new.source, while_waiting=lambda: self._notifier.watchdog(self._progressing()))
+            if problem is not None:
+                raise DaemonError(f"the new config or a model failed its check in a child process ({problem})")
+            self._apply(new, change)
+        except Exception as exc:  # whatever fails, the running config and models keep serving
+            self.stats.incr("reload_failures")
+            logger.error("reload failed; still serving the running config and models: %s", exc)
+
+    def _apply(self, new: Config, change: "reload.Plan") -> None:
+        old, old_models = self.config, self._models
+        if change.restart_from is not None:
+            self._restart_from(change.restart_from, new, change.digests)
+        else:
+            try:
+                self.config = new
+                self._pins = dict(change.digests)
+                self._load_models(change.changed_models)
+                self._serving.swap(route_pipelines(self.config, self._models), self._worker_models)
+            except Exception:
+                self.config, self._models = old, old_models
+                raise
+        logger.info("reload: applied (%s)%s", f"restarted from {change.restart_from}" if change.restart_from else
+                    "models swapped: " + ", ".join(sorted(change.changed_models)), _ignored(change))
+
+    def _restart_from(self, first: StepName, new: Config, digests: dict) -> None:
+        """Stop the started steps down to `first` (in reverse, draining), start them again with `new`;
+        if that fails, the old config is started again."""
+        names = [step.name for step in self.steps()]
+        index = names.index(first)
+        self._stop_down_to(index)
+        old, self.config = self.config, new
+        try:
+            self._start_steps(index, digests)
+        except Exception as exc:
+            logger.error("reload: starting %s with the new config failed (%s); back to the old config", first, exc)
+            self._stop_down_to(index)
+            self.config = old
+            self._start_steps(index, {})
+            raise DaemonError(f"the new config failed to start: {exc}") from exc
+
+    def _start_steps(self, index: int, digests: dict, label: str = "reload") -> None:
+        """Start the steps from `index` on, the models pinned to `digests` (a reload's check)."""
+        self._pins = dict(digests)
+        for step in self.steps()[index:]:
+            logger.info("%s: %s", label, step.name)
+            step.start()
+            self._started.append(step)
+
+    def _load_models(self, names: Optional[frozenset] = None) -> None:
+        """Verify and load each model (or those named) once; its digest pins the workers' copies.
+        On a reload, the digests read before the child's check pin the files (`_pins`)."""
+        self._models = load_models(self.config, self._pins, names, self._models if names is not None else None)
+
+    def _worker_models(self, index: int) -> WorkerModels:
+        return worker_models(self.config, self._models, self._residency)
+
+    def _open_cache(self) -> None:
+        self._cache = ResultCache(self.config.cache)
+
+    def _close_cache(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
+    def _build_serving(self) -> None:
+        cache = self._cache if self._cache is not None and self._cache.enabled else None
+        self._serving = wiring.build(route_pipelines(self.config, self._models), cache, self.stats,
+                                     self.config.workers, self._worker_models, self.config.batching,
+                                     escalation_topic=self.config.mqtt.escalation_topic)
+
+    def _start_workers(self) -> None:
+        self._serving.start()
+
+    def _stop_workers(self) -> None:
+        self._serving.stop(self.config.workers.drain_timeout_s)
+
+    def _connect(self) -> None:
+        self._link = MqttLink(self.config.mqtt, self._serving.filters, self._serving.intake.on_message,
+                              receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
+        self._serving.attach(self._link)
+        self._link.start()
+
+    def _open_outbox(self) -> Optional[Outbox]:
+        """The on-disk outbox, or None (turned off, or it cannot be opened: replies then wait
+        in paho's memory while the broker is away, and are lost if the daemon stops meanwhile)."""
+        config = self.config.mqtt.outbox
+        if config.max_mb <= 0:
+            return None
+        try:
+            return Outbox(config.dir, int(config.max_mb * 1024 * 1024))
+        except (OSError, sqlite3.Error) as exc:
+            logger.warning("mqtt.outbox: cannot open %s (%s); serving without an on-disk outbox", config.dir, exc)
+            return None
+
+    def _disconnect(self) -> None:
+        self._link.stop()
+
+
+def _ignored(change: "reload.Plan") -> str:
+    return "".join(f"; {name} changed: restart the daemon to apply it" for name in change.ignored)

@@ -1,0 +1,329 @@
+"""The interpreter interface: one small `Model` class over ai-edge-litert or tflite-runtime.
+
+Both backends expose the same `Interpreter` API, so a backend here is just the module
+to import it from. `Model` owns exactly one interpreter and is NOT thread-safe: the
+worker pool gives each worker its own (see PITFALLS.md, Runtimes).
+
+Quantization is the daemon's job: callers pass float32 in sensor-derived units and get
+float32 scores back; the model's own scale and zero-point are applied here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from daemon.errors import DaemonError, ModelError
+from daemon.model.native_stderr import quiet_native_info
+
+logger = logging.getLogger(__name__)
+
+# Backend name -> module that provides `Interpreter`. Order is the `auto` preference:
+# ai-edge-litert is ~10x faster for INT8 on x86 (XNNPACK); tflite-runtime is the
+# fallback and the only runtime published for armv7.
+BACKENDS = {
+    "litert": "ai_edge_litert.interpreter",
+    "tflite": "tflite_runtime.interpreter",
+}
+RUNTIME_CHOICES = ("auto",) + tuple(BACKENDS)
+
+# A TFLite flatbuffer carries this file identifier at bytes 4..8.
+_TFLITE_MAGIC = b"TFL3"
+_MAGIC_SLICE = slice(4, 8)
+_HASH_CHUNK = 1 << 20
+_INT8 = np.dtype(np.int8)
+
+InterpreterFactory = Callable[..., Any]
+
+
+def available_backends() -> list[str]:
+    """Backends whose module imports here (tflite-runtime also needs numpy<2 to run)."""
+    found = []
+    for name, module in BACKENDS.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        found.append(name)
+    return found
+
+
+def resolve_backend(name: str = "auto") -> str:
+    """Pick the backend: `auto` means the first available in preference order."""
+    if name not in RUNTIME_CHOICES:
+        raise DaemonError(f"runtime: unknown backend {name!r}; choose one of {', '.join(RUNTIME_CHOICES)}")
+    candidates = list(BACKENDS) if name == "auto" else [name]
+    for candidate in candidates:
+        try:
+            importlib.import_module(BACKENDS[candidate])
+        except ImportError:
+            continue
+        return candidate
+    wanted = " or ".join(f"'{BACKENDS[c].split('.')[0]}'" for c in candidates)
+    raise DaemonError(f"runtime: no TFLite runtime is installed (need module {wanted}); pip install ai-edge-litert")
+
+
+def _interpreter_class(backend: str) -> InterpreterFactory:
+    return importlib.import_module(BACKENDS[backend]).Interpreter
+
+
+def _resolver_options(backend: str, xnnpack: bool) -> dict:
+    """litert without its default XNNPACK delegate runs TFLite's built-in kernels: bit-identical
+    to tflite-runtime 2.14 (which does not run INT8 through XNNPACK), about 4x slower."""
+    if xnnpack or backend != "litert":
+        return {}
+    resolver = importlib.import_module(BACKENDS[backend]).OpResolverType
+    return {"experimental_op_resolver_type": resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+
+
+def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype = _INT8) -> np.ndarray:
+    """Float to integer: round(x / scale) + zero_point, saturated to the dtype's range."""
+    info = np.iinfo(dtype)
+    q = np.round(np.asarray(x, dtype=np.float64) / scale) + zero_point
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """Integer to float: (q - zero_point) * scale."""
+    return ((np.asarray(q, dtype=np.int32) - zero_point) * scale).astype(np.float32)
+
+
+def file_sha256(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor: shape (batch first), dtype and quantization."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    signature: tuple[int, ...]
+    dtype: np.dtype
+    scale: float
+    zero_point: int
+
+    @classmethod
+    def from_details(cls, d: dict) -> "TensorSpec":
+        scale, zero_point = d.get("quantization", (0.0, 0))
+        shape = tuple(int(v) for v in d["shape"])
+        signature = tuple(int(v) for v in d.get("shape_signature", shape))
+        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]),
+                   float(scale), int(zero_point))
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != 0.0
+
+    def to_model(self, x: np.ndarray) -> np.ndarray:
+        return quantize(x, self.scale, self.zero_point, self.dtype) if self.quantized else x.astype(self.dtype)
+
+    def from_model(self, q: np.ndarray) -> np.ndarray:
+        return dequantize(q, self.scale, self.zero_point) if self.quantized else q.astype(np.float32)
+
+
+def to_input(spec: TensorSpec, batch: np.ndarray) -> np.ndarray:
+    """float32 (N, *sample shape) -> the input tensor `spec` describes (its batch dimension aside)."""
+    batch = np.asarray(batch, dtype=np.float32)
+    if batch.shape[1:] != spec.shape[1:]:
+        raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {spec.shape[1:]}")
+    return spec.to_model(batch)
+
+
+def _read_model(path: Path) -> bytes:
+    """The model file's bytes, after the checks that need no interpreter."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ModelError(path, "model file not found") from None
+    except OSError as exc:
+        raise ModelError(path, f"cannot read model file: {exc.strerror or exc}") from None
+    if len(data) < _MAGIC_SLICE.stop or data[_MAGIC_SLICE] != _TFLITE_MAGIC:
+        raise ModelError(path, "not a TFLite flatbuffer (missing the 'TFL3' identifier)")
+    return data
+
+
+# Batch sizes an interpreter is kept for: powers of two up to `max_batch`. A batch of
+# another size is padded up or split into these, so no interpreter is ever reallocated
+# on the request path (resize + allocate_tensors costs far more than an invoke).
+_WARM_UP_ROUNDS = 5
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to and including `max_batch` (which need not be a power of two)."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_batch)
+    return tuple(sizes)
+
+
+class Model:
+    """One loaded model, with one interpreter per batch bucket. Not thread-safe: one per worker."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        backend: str = "auto",
+        num_threads: int = 1,
+        expected_sha256: Optional[str] = None,
+        require_int8: bool = True,
+        xnnpack: bool = True,
+        max_batch: int = 1,
+        interpreter_factory: Optional[InterpreterFactory] = None,
+    ):
+        self.path = Path(path)
+        data = _read_model(self.path)
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        if expected_sha256 and expected_sha256.lower() != self.sha256:
+            raise ModelError(self.path, f"sha256 mismatch: expected {expected_sha256}, file has {self.sha256}")
+        self.backend = "fake" if interpreter_factory else resolve_backend(backend)
+        self.xnnpack = xnnpack
+        factory = interpreter_factory or _interpreter_class(self.backend)
+        options = _resolver_options(self.backend, xnnpack)
+        self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
+        try:
+            with self._quiet():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
+                interp = self._new_interpreter()
+                interp.allocate_tensors()
+            inputs = interp.get_input_details()
+            outputs = interp.get_output_details()
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(self.path, f"{self.backend} rejected the model: {exc}") from None
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise ModelError(self.path, f"expected 1 input and 1 output, model has {len(inputs)} and {len(outputs)}")
+        self.input = TensorSpec.from_details(inputs[0])
+        self.output = TensorSpec.from_details(outputs[0])
+        if require_int8:
+            self._check_int8()
+        native = self.input.shape[0]
+        self._interps: dict[int, Any] = {native: interp}
+        self.buckets = bucket_sizes(max_batch) if self.batchable else (native,)
+        # Cost model of one invoke, a * n + b seconds (measured by warm_up): picks padding or splitting.
+        self.cost_per_sample_s = 0.0
+        self.cost_per_invoke_s = 0.0
+
+    def _check_int8(self) -> None:
+        for role, spec in (("input", self.input), ("output", self.output)):
+            if spec.dtype != np.int8 or not spec.quantized:
+                raise ModelError(self.path, f"expected a full-integer INT8 model, but its {role} is {spec.dtype} "
+                                 f"{'quantized' if spec.quantized else 'unquantized'}")
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The input shape of one sample (without the batch dimension)."""
+        return self.input.shape[1:]
+
+    @property
+    def num_outputs(self) -> int:
+        return int(np.prod(self.output.shape[1:]))
+
+    @property
+    def batchable(self) -> bool:
+        """True when the model's batch dimension is dynamic, so one invoke can run N samples."""
+        return bool(self.input.signature) and self.input.signature[0] == -1
+
+    def quantize(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, *sample_shape) in model units -> the model's input tensor (INT8)."""
+        return to_input(self.input, batch)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""
+        return self.infer_quantized(self.quantize(batch))
+
+    def infer_quantized(self, q: np.ndarray) -> np.ndarray:
+        """Input tensors (N, *sample_shape) -> float32 scores (N, num_outputs), in bucket-sized invokes.
+
+        Each row's scores depend on that row alone (padding rows are zeros and dropped), so a
+        sample scores the same in any batch: tests/model/test_runtime.py checks it bit for bit."""
+        n = q.shape[0]
+        out = np.empty((n, self.num_outputs), dtype=np.float32)
+        start = 0
+        for size in self.plan(n):
+            chunk = q[start : start + size]
+            rows = chunk.shape[0]
+            if rows < size:
+                chunk = np.concatenate([chunk, np.zeros((size - rows,) + chunk.shape[1:], chunk.dtype)])
+            out[start : start + rows] = self._invoke(chunk)[:rows]
+            start += rows
+        return out
+
+    def plan(self, n: int) -> list[int]:
+        """Bucket sizes whose invokes cover n samples: full largest buckets, then the remainder
+        either padded up to one bucket or split into several, whichever the cost model says is cheaper."""
+        largest = self.buckets[-1]
+        sizes = [largest] * (n // largest)
+        rest = n - len(sizes) * largest
+        if rest:
+            padded = next(b for b in self.buckets if b >= rest)
+            split = self._split(rest)
+            pad_cost = self.cost_per_sample_s * padded + self.cost_per_invoke_s
+            split_cost = self.cost_per_sample_s * rest + self.cost_per_invoke_s * len(split)
+            sizes += [padded] if pad_cost <= split_cost else split
+        return sizes
+
+    def _split(self, n: int) -> list[int]:
+        parts = []
+        for size in reversed(self.buckets):
+            while n >= size:
+                parts.append(size)
+                n -= size
+        return parts
+
+    def _quiet(self) -> AbstractContextManager:
+        """Only litert's XNNPACK delegate prints the banner: other backends never redirect fd 2."""
+        return quiet_native_info() if self.backend == "litert" and self.xnnpack else nullcontext()
+
+    def _interpreter(self, size: int) -> Any:
+        interp = self._interps.get(size)
+        if interp is None:
+            with self._quiet():
+                interp = self._new_interpreter()
+                interp.resize_tensor_input(self.input.index, [size, *self.sample_shape])
+                interp.allocate_tensors()
+            self._interps[size] = interp
+        return interp
+
+    def _invoke(self, q: np.ndarray) -> np.ndarray:
+        interp = self._interpreter(q.shape[0])
+        interp.set_tensor(self.input.index, q)
+        interp.invoke()
+        raw = interp.get_tensor(self.output.index)
+        return self.output.from_model(raw).reshape(q.shape[0], -1)
+
+    def warm_up(self) -> None:
+        """Build and run every bucket's interpreter once (arenas grow at the first invoke), then
+        time the smallest and largest bucket for the pad-or-split cost model."""
+        zeros = {size: np.zeros((size, *self.sample_shape), self.input.dtype) for size in self.buckets}
+        for size in self.buckets:
+            self._invoke(zeros[size])
+        small, large = self.buckets[0], self.buckets[-1]
+        t_small, t_large = (self._time(zeros[s]) for s in (small, large))
+        if large > small:
+            self.cost_per_sample_s = max(0.0, (t_large - t_small) / (large - small))
+        else:
+            self.cost_per_sample_s = t_small / small
+        self.cost_per_invoke_s = max(0.0, t_small - self.cost_per_sample_s * small)
+
+    def _time(self, q: np.ndarray) -> float:
+        best = float("inf")
+        for _ in range(_WARM_UP_ROUNDS):
+            start = time.perf_counter()
+            self._invoke(q)
+            best = min(best, time.perf_counter() - start)
+        return best

@@ -1,0 +1,88 @@
+"""An optional Prometheus endpoint (`metrics.port`), read from the daemon's stats at scrape time.
+
+One custom collector declares every metric once, with fixed names and labels, and reads
+`Stats` (counters and bucketed histograms: a reservoir of samples could not feed a
+Prometheus histogram) and the queue when Prometheus scrapes. Nothing is added to the
+request path. Names follow Prometheus conventions: `_total` counters, `_seconds`
+histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from daemon.obs.stats import Histogram, Stats
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "edge_inferd"
+
+
+def _buckets(h: Histogram) -> list[tuple[str, int]]:
+    """Cumulative (upper bound, count) pairs, as Prometheus histograms carry them."""
+    cumulative, out = 0, []
+    for bound, count in zip((*h.bounds, float("inf")), h.counts):
+        cumulative += count
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+    return out
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc)
+    family.add_metric([], _buckets(h), h.total)
+    return family
+
+
+class StatsCollector:
+    """Turns Stats (and the queue gauges) into metric families on every scrape."""
+
+    def __init__(self, stats: Stats, queue: Callable[[], dict], models: Callable[[], dict] = dict):
+        self._stats = stats
+        self._queue = queue
+        self._models = models  # daemon/model/residency.py Residency.state(): loaded, cold starts by model
+
+    def collect(self) -> Iterator:
+        h = self._stats.histograms()
+        requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by route and outcome "
+                                       "(result or an error code)", labels=["route", "outcome"])
+        for (route, outcome), n in sorted(h["outcomes"].items()):
+            requests.add_metric([route, outcome], n)
+        yield requests
+        yield _histogram(f"{PREFIX}_request_duration_seconds", "Receipt to reply of results", h["duration"])
+        stages = HistogramMetricFamily(f"{PREFIX}_stage_seconds", "Time per stage (queue wait per request; "
+                                       "the others per batch)", labels=["stage"])
+        for name, stage in sorted(h["stages"].items()):
+            stages.add_metric([name], _buckets(stage), stage.total)
+        yield stages
+        yield _histogram(f"{PREFIX}_batch_size", "Requests per batch a worker took", h["batch"])
+        queue = self._queue()
+        for key, doc in (("depth", "Requests queued"), ("busy", "Workers busy"), ("bytes", "Bytes queued")):
+            gauge = GaugeMetricFamily(f"{PREFIX}_queue_{key}", doc)
+            gauge.add_metric([], queue.get(key, 0))
+            yield gauge
+        yield from self._residency()
+
+    def _residency(self) -> Iterator:
+        loaded = GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 while any worker holds the model's "
+                                   "interpreters, 0 once unloaded after workers.idle_unload_s", labels=["model"])
+        cold = CounterMetricFamily(f"{PREFIX}_model_cold_starts", "Loads of a model after an idle unload",
+                                   labels=["model"])
+        for name, state in sorted(self._models().items()):
+            loaded.add_metric([name], 1 if state["loaded"] else 0)
+            cold.add_metric([name], state["cold_starts"])
+        yield loaded
+        yield cold
+
+
+
+def serve(port: int, address: str, stats: Stats, queue: Callable[[], dict],
+          models: Callable[[], dict] = dict) -> None:
+    """Start the endpoint on its own daemon thread (prometheus_client's HTTP server)."""
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(stats, queue, models))
+    start_http_server(port, addr=address, registry=registry)
+    logger.info("Prometheus metrics on http://%s:%d/metrics", address, port)

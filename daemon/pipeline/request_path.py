@@ -1,0 +1,190 @@
+"""The pure request path: a batch of payloads -> decode -> preprocess -> quantize -> cache -> infer -> replies.
+
+No threads, no MQTT, no clocks of its own: the caller passes the model, the cache (or
+None) and the clock. This is the unit-test seam, and what `validate` and the workers
+both run, so the daemon and the accuracy gate cannot disagree.
+
+A worker hands over every queued request of one route at once (`handle_batch`): each is
+decoded on its own (a bad one gets its error reply, the rest go on), then the group is
+preprocessed and quantized as one array, looked up in the cache by its INT8 input
+tensor, and the misses run in as few invokes as the model's batch buckets allow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from daemon.cache.cache_key import make_key
+from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
+from daemon.pipeline import codecs
+from daemon.pipeline.route_pipeline import CacheEntry, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
+
+
+def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
+                 cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None) -> Outcome:
+    """Requests of one route -> one reply each. Errors other than PayloadError propagate."""
+    stages: dict[str, float] = {}
+    started = clock()
+    replies: list[Any] = [None] * len(requests)
+    decoded = _decode_all(pipe, requests, replies)
+    now = clock()
+    stages["decode"] = now - started
+    live = []
+    for i, d in decoded:
+        replies[i] = _expired(pipe, requests[i], d, now)
+        if replies[i] is None:
+            live.append((i, d))
+    x = _finite_rows(pipe, live, replies)
+    decoded = [(i, d) for i, d in live if replies[i] is None]
+    fresh: list[CacheEntry] = []
+    if decoded:
+        rows = [requests[i] for i, _ in decoded]
+        scores, cached, reused, fresh = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
+        now = clock()
+        orders = np.argsort(-scores, axis=1, kind="stable")  # one sort for the batch, not one per reply
+        for row, (i, d) in enumerate(decoded):
+            replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
+                                          (now - requests[i].received_at) * 1000.0, orders[row],
+                                          None if reuse is None else reused[row])
+        stages["postprocess"] = clock() - now
+    return Outcome(replies, fresh, stages)
+
+
+def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
+          reuse: Optional[ReuseState], clock: Clock,
+          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+    """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
+    mark = clock()
+    x = pipe.preprocess(x)
+    if reuse is not None and len(rows) > 1 and not reuse.in_batch(model.cost_per_sample_s):
+        reuse.forget([r.device for r in rows])  # a cheap model: in a batch, reuse costs more than it saves
+        reuse = None
+    if reuse is not None and len(rows) == 1:  # a request served alone (a lightly loaded daemon)
+        return _one_row(pipe, x, rows[0], model, cache, reuse, clock, mark, stages)
+    found = None if reuse is None else reuse.match([r.device for r in rows], x, pipe.model_sha256, mark)
+    todo = None if found is None else [row for row, hit in enumerate(found) if hit is None]
+    if todo is None or len(todo) == len(rows):  # no reuse, or no hit: no gather or scatter
+        q = model.quantize(x)
+        stages["preprocess"] = clock() - mark
+        scores, cached, fresh = _scores(pipe, q, model, cache)
+    else:
+        scores, cached, fresh = _partial(pipe, x, todo, found, model, cache, clock, mark, stages)
+    now = clock()
+    stages["infer"] = now - mark - stages["preprocess"]
+    if found is None:
+        return scores, cached, [False] * len(rows), fresh
+    if todo:  # the inferred rows become their devices' references; a hit row's device is left out
+        reuse.remember([None if hit is not None else r.device for r, hit in zip(rows, found)], x, scores,
+                       pipe.model_sha256, [r.received_at for r in rows], now)
+    return scores, cached, [hit is not None for hit in found], fresh
+
+
+def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, cache: Optional[ScoreCache],
+             reuse: ReuseState, clock: Clock, mark: float,
+             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+    """One request on a route with reuse: its device's last result when the input barely moved,
+    else the cache or the model, and then the input and scores become the device's reference."""
+    hit = reuse.match_one(row.device, x[0], pipe.model_sha256, mark)
+    if hit is not None:
+        stages["preprocess"] = clock() - mark
+        stages["infer"] = 0.0
+        return hit[None], [False], [True], []
+    q = model.quantize(x)
+    stages["preprocess"] = clock() - mark
+    scores, cached, fresh = _scores(pipe, q, model, cache)
+    now = clock()
+    stages["infer"] = now - mark - stages["preprocess"]
+    reuse.remember_one(row.device, x[0], scores[0], pipe.model_sha256, row.received_at, now)
+    return scores, cached, [False], fresh
+
+
+def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, model: Runner,
+             cache: Optional[ScoreCache], clock: Clock, mark: float,
+             stages: dict) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+    """Some rows reused: the others (`todo`) are gathered, quantized and scored, then all are scattered back."""
+    q = model.quantize(x[todo]) if todo else None
+    stages["preprocess"] = clock() - mark
+    scores, cached = np.empty((len(found), model.num_outputs), dtype=np.float32), [False] * len(found)
+    fresh: list[CacheEntry] = []
+    if q is not None:
+        scores[todo], hits, fresh = _scores(pipe, q, model, cache)
+        for row, hit in zip(todo, hits):
+            cached[row] = hit
+    for row, hit in enumerate(found):
+        if hit is not None:
+            scores[row] = hit
+    return scores, cached, fresh
+
+
+def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], replies: list) -> np.ndarray:
+    """The stacked inputs with non-finite rows answered `bad_payload` and left out: one pass for the batch."""
+    if not decoded:
+        return np.empty((0,))
+    x = np.stack([d.data for _, d in decoded])
+    finite = np.isfinite(x.reshape(len(decoded), -1)).all(axis=1)
+    if finite.all():
+        return x
+    for ok, (i, d) in zip(finite, decoded):
+        if not ok:
+            replies[i] = pipe.error(d.request_id, BAD_PAYLOAD, codecs.NOT_FINITE)
+    return x[finite]
+
+
+def _decode_all(pipe: RoutePipeline, requests: Sequence[Request], replies: list) -> list[tuple[int, codecs.Decoded]]:
+    decoded = []
+    for i, request in enumerate(requests):
+        try:
+            decoded.append((i, pipe.decode(request.payload, check_finite=False)))
+        except PayloadError as exc:
+            replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
+    return decoded
+
+
+def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now: float) -> Optional[dict]:
+    """The `expired` reply when the request's deadline has passed before inference, else None."""
+    deadline = request.deadline
+    if decoded.timeout_ms is not None:
+        own = request.received_at + decoded.timeout_ms / 1000.0
+        deadline = own if deadline is None else min(deadline, own)
+    if deadline is None or now < deadline:
+        return None
+    return pipe.error(decoded.request_id, EXPIRED,
+                      f"deadline passed {(now - deadline) * 1000.0:.1f} ms before inference")
+
+
+def _scores(pipe: RoutePipeline, q: np.ndarray, model: Runner,
+            cache: Optional[ScoreCache]) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+    """Scores for INT8 input rows: cache hits are reused, misses run through the model."""
+    n = q.shape[0]
+    if cache is None:
+        return model.infer_quantized(q), [False] * n, []
+    keys = [make_key(pipe.model_sha256, row) for row in q]
+    hits = cache.get_many(keys, model.cost_per_sample_s)
+    misses = [i for i, hit in enumerate(hits) if hit is None]
+    scores = np.empty((n, model.num_outputs), dtype=np.float32)
+    for i, hit in enumerate(hits):
+        if hit is not None:
+            scores[i] = hit
+    fresh: list[CacheEntry] = []
+    if misses:
+        computed = model.infer_quantized(q[misses])
+        scores[misses] = computed
+        fresh = [(keys[i], computed[row].copy()) for row, i in enumerate(misses)]
+    return scores, [hit is not None for hit in hits], fresh
+
+
+def handle(pipe: RoutePipeline, payload: bytes, model: Runner, cache: Optional[ScoreCache],
+           received_at: float, clock: Clock, deadline: Optional[float] = None) -> dict:
+    """One request to one reply: `handle_batch` of one (cache writes are made at once)."""
+    outcome = handle_batch(pipe, [Request(payload, received_at, deadline)], model, cache, clock)
+    store(cache, outcome)
+    return outcome.replies[0]
+
+
+def store(cache: Optional[ScoreCache], outcome: Outcome) -> None:
+    """The results `handle_batch` computed, into the cache: the caller does it after replying, so
+    the write is never on the reply path; the cache is read and written here only."""
+    if cache is not None and outcome.fresh:
+        cache.put_many(outcome.fresh)

@@ -1,0 +1,153 @@
+"""A route's pipeline (everything a route needs to turn a payload into a reply, minus the
+interpreter), the request and outcome of the pure request path, and the protocols it
+sees the model, the cache and the reuse state through."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+import numpy as np
+
+from daemon.config.model_files import read_labels
+from daemon.config.schema import Config, RouteConfig
+from daemon.errors import ModelError
+from daemon.model import preprocess
+from daemon.pipeline import codecs
+
+# Digits of a model's sha256 shown in results (contract: first 12 hex).
+SHA_PREFIX = 12
+
+Clock = Callable[[], float]
+CacheEntry = tuple[str, np.ndarray]
+
+
+class Digested(Protocol):
+    """A loaded model, or what start-up keeps of one (daemon.model.residency.ModelInfo)."""
+
+    sha256: str
+
+
+class Runner(Protocol):
+    """The model as the pipeline sees it (runtime.Model; a fake in unit tests)."""
+
+    cost_per_sample_s: float
+    num_outputs: int
+
+    def quantize(self, batch: np.ndarray) -> np.ndarray: ...
+    def infer_quantized(self, q: np.ndarray) -> np.ndarray:
+        """A new array, the caller's to keep: the reuse fast path remembers a single row as is."""
+        ...
+
+
+class ScoreCache(Protocol):
+    def get_many(self, keys: Sequence[str], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]: ...
+    def put_many(self, items: Sequence[CacheEntry]) -> None: ...
+
+
+class ReuseState(Protocol):
+    """A route's per-device fast path (daemon.pipeline.reuse.DeviceReuse), on preprocessed float rows."""
+
+    def match(self, devices: Sequence[Optional[str]], x: np.ndarray, model_sha256: str,
+              now: float) -> list[Optional[np.ndarray]]: ...
+    def remember(self, devices: Sequence[Optional[str]], x: np.ndarray, scores: np.ndarray,
+                 model_sha256: str, received_at: Sequence[float], now: float) -> None: ...
+    def match_one(self, device: Optional[str], x: np.ndarray, model_sha256: str,
+                  now: float) -> Optional[np.ndarray]: ...
+    def in_batch(self, cost_per_sample_s: float) -> bool: ...
+    def forget(self, devices: Sequence[Optional[str]]) -> None: ...
+    def remember_one(self, device: Optional[str], x: np.ndarray, scores: np.ndarray, model_sha256: str,
+                     received_at: float, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    payload: bytes
+    received_at: float
+    deadline: Optional[float] = None
+    """From the transport (an MQTT v5 message expiry), same clock; `timeout_ms` can tighten it."""
+    device: Optional[str] = None
+    """The request topic: the device whose last input the reuse fast path compares with."""
+
+
+@dataclass
+class Outcome:
+    """One reply per request, in order, plus what the caller stores in the cache after replying."""
+
+    replies: list[dict]
+    fresh: list[CacheEntry] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoutePipeline:
+    """Everything a route needs to turn a payload into a reply, minus the interpreter."""
+
+    route: RouteConfig
+    model_sha256: str
+    labels: tuple[str, ...]
+    escalate_to: Optional["RoutePipeline"] = None
+    """`escalate.to_model`: the same route on the heavier model (daemon/serve/cascade.py)."""
+
+    @classmethod
+    def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str]) -> "RoutePipeline":
+        return cls(route, model_sha256, tuple(labels))
+
+    def decode(self, payload: bytes, check_finite: bool = True) -> codecs.Decoded:
+        return codecs.decode(payload, self.route.input, check_finite)
+
+    def preprocess(self, batch: np.ndarray) -> np.ndarray:
+        """(N, *input.shape) in sensor units -> (N, *model input shape) float32."""
+        return preprocess.apply_steps(self.route.preprocess, batch)
+
+    def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,
+                    order: Optional[np.ndarray] = None, reused: Optional[bool] = None) -> dict:
+        """One score vector (and its descending order, when the caller sorted a batch) -> a result."""
+        if order is None:
+            order = np.argsort(-scores, kind="stable")
+        top = order[: self.route.top_k]
+        best = int(order[0])
+        reply = {
+            "id": request_id,
+            "route": self.route.name,
+            "model": self.route.model,
+            "model_sha256": self.model_sha256[:SHA_PREFIX],
+            "label": self.labels[best],
+            "index": best,
+            "score": round(float(scores[best]), 6),
+            "top_k": [{"label": self.labels[int(i)], "score": round(float(scores[i]), 6)} for i in top],
+            "cached": cached,
+            "latency_ms": round(latency_ms, 3),
+        }
+        if reused is not None:  # only on routes with `reuse` configured
+            reply["reused"] = reused
+        return reply
+
+    def error(self, request_id: Any, code: str, message: str) -> dict:
+        return codecs.error_reply(request_id, self.route.name, code, message)
+
+    def error_for(self, payload: bytes, code: str, message: str) -> dict:
+        """An error reply to a request not decoded (shed, or failed): its id read by a prefix scan."""
+        return self.error(codecs.scan_id(payload, self.route.input), code, message)
+
+
+def route_pipeline(config: Config, route: RouteConfig, model: Digested) -> RoutePipeline:
+    """The route's pipeline with its model's labels: the one place a labels file becomes a pipeline."""
+    mc = config.models[route.model]
+    labels = read_labels(mc.labels)
+    if labels is None:
+        raise ModelError(mc.labels, "labels file not found")
+    return RoutePipeline.build(route, model.sha256, labels)
+
+
+def route_pipelines(config: Config, models: Mapping[str, Digested]) -> list[RoutePipeline]:
+    """Every route's pipeline, with its `escalate.to_model` tier's (daemon/serve/cascade.py)."""
+    pipes = []
+    for route in config.routes:
+        pipe = route_pipeline(config, route, models[route.model])
+        if route.escalate is not None and route.escalate.to_model is not None:
+            large_route = route.escalate.large_route(route)
+            pipe = dataclasses.replace(pipe, escalate_to=route_pipeline(config, large_route, models[large_route.model]))
+        pipes.append(pipe)
+    return pipes

@@ -1,0 +1,96 @@
+"""Replies on their way out: every reply is encoded here, published, tallied, and its request
+acked once the reply is safe at the broker (daemon/transport/mqtt.py, `MqttLink.reply`).
+
+Used by intake (a shed request's one reply), by the worker side (a batch's replies) and by
+the far-tier cascade (an escalated request's answer, or its local fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from daemon.obs.stats import RESULT, Stats
+from daemon.obs.throttled_log import ThrottledLog
+from daemon.pipeline import codecs
+from daemon.pipeline.route_pipeline import RoutePipeline
+from daemon.transport.inbound import Inbound
+
+logger = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    def publish(self, topic: str, payload: bytes, retain: bool = False,
+                correlation_data: Optional[bytes] = None) -> object: ...
+    def ack(self, inbound: Inbound) -> None: ...
+    def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None: ...
+    def batch(self) -> AbstractContextManager: ...
+
+
+@dataclass
+class Tally:
+    """What a batch's replies add to the stats, recorded under one lock at the end."""
+
+    counts: Counter = field(default_factory=Counter)
+    latencies_ms: list = field(default_factory=list)
+    outcomes: Counter = field(default_factory=Counter)
+
+
+def error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dict:
+    """An error reply to a request that was not decoded (shed, superseded, or failed)."""
+    return pipe.error_for(inbound.payload, code, message)
+
+
+class Replier:
+    """Publishes replies and acks requests through the transport, once it is attached."""
+
+    def __init__(self, stats: Stats):
+        self._stats = stats
+        self._transport: Optional[Transport] = None
+        self.log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
+
+    def attach(self, transport: Transport) -> None:
+        self._transport = transport
+
+    @property
+    def transport(self) -> Optional[Transport]:
+        return self._transport
+
+    def batch(self) -> AbstractContextManager:
+        """Around a batch of replies: paho's loop is woken once for all of them."""
+        return self._transport.batch() if self._transport is not None else nullcontext()
+
+    def send(self, inbound: Inbound, reply_topic: str, reply: dict, tally: Tally) -> None:
+        """Publish one reply (on the v5 ResponseTopic when the request has one) and count it."""
+        error = reply.get("error")
+        tally.outcomes[(reply.get("route") or "", error["code"] if error else RESULT)] += 1
+        if error:
+            self.log.warning(error["code"], "request on %r answered %s: %s", inbound.topic,
+                             error["code"], error["message"])
+        else:
+            tally.counts["cache_hits" if reply["cached"] else "inferences"] += 1
+            if "tier" in reply:  # a cascade route (cascade.py): who answered, and any fallback
+                tally.counts[f"tier_{reply['tier']}"] += 1
+                if "escalation" in reply:
+                    tally.counts[f"escalation_{reply['escalation']}"] += 1
+            tally.latencies_ms.append(reply["latency_ms"])
+        topic = inbound.response_topic or reply_topic
+        if self._transport is not None:
+            self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
+
+    def send_one(self, inbound: Inbound, reply_topic: str, reply: dict) -> None:
+        """A reply made off a batch: a shed request, an escalation's answer or its local fallback."""
+        tally = Tally()
+        self.send(inbound, reply_topic, reply, tally)
+        self.record(tally)
+
+    def record(self, tally: Tally) -> None:
+        self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
+
+    def ack(self, inbound: Inbound) -> None:
+        """A message that gets no reply (not a request): acked at once."""
+        if self._transport is not None:
+            self._transport.ack(inbound)

@@ -1,0 +1,99 @@
+"""The parts of serving, built and connected once: intake -> worker pool -> worker side -> replies.
+
+`build` makes each part and hands each only what it needs; `Serving` is the record of
+them that the service starts, stops, swaps on a reload and reads for its stats. It holds
+no behaviour of its own beyond starting and stopping the parts in order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from daemon.config.schema import BatchingConfig, WorkersConfig
+from daemon.obs.stats import Stats
+from daemon.pipeline.reuse import DeviceReuse
+from daemon.pipeline.route_pipeline import RoutePipeline, ScoreCache
+from daemon.serve.admission import Admission
+from daemon.serve.autoscale import Autoscaler
+from daemon.serve.batches import BatchProcessor
+from daemon.serve.cascade import RemoteCascade
+from daemon.serve.intake import Intake, RouteTable
+from daemon.serve.jobs import Job, WorkerContext, WorkerModels
+from daemon.serve.rate import DeviceRate
+from daemon.serve.replies import Replier, Transport
+from daemon.serve.workers import WorkerPool
+
+MakeModels = Callable[[int], WorkerModels]  # worker index -> that worker's own interpreters
+
+
+@dataclass(frozen=True)
+class Serving:
+    intake: Intake
+    pool: WorkerPool[Job, WorkerContext]
+    admission: Admission
+    batches: BatchProcessor
+    replier: Replier
+    routes: RouteTable
+    rate: DeviceRate
+    reuse: dict  # DeviceReuse by route name; kept across reloads (entries name their model digest)
+    remote: Optional[RemoteCascade] = None
+
+    @property
+    def filters(self) -> list[str]:
+        """The topic filters to subscribe: the routes', and the far tiers' answers."""
+        return self.routes.filters + ([self.remote.response_topic] if self.remote else [])
+
+    def attach(self, transport: Transport) -> None:
+        self.replier.attach(transport)
+
+    def start(self) -> None:
+        self.pool.start()
+        if self.remote is not None:
+            self.remote.start()
+
+    def stop(self, timeout_s: float) -> bool:
+        stopped = self.pool.stop(timeout_s)
+        if self.remote is not None:
+            self.remote.stop()  # parked escalations get their local answer: none left unanswered
+        return stopped
+
+    def swap(self, pipes: Sequence[RoutePipeline], make_models: MakeModels) -> None:
+        """New models and pipelines for the same routes (a reload): built here, then each worker
+        takes its own before its next batch; a batch in flight finishes on the old ones."""
+        by_name = {p.route.name: p for p in pipes}
+        self.pool.replace_contexts(lambda i: WorkerContext(make_models(i), by_name))
+        self.routes.replace(pipes)
+
+    def reuse_snapshot(self) -> dict:
+        """{route: {devices, hits, misses, skipped}} for the routes with `reuse` configured."""
+        return {name: state.snapshot() for name, state in self.reuse.items()}
+
+    def queue_state(self) -> dict:
+        return {"depth": self.pool.depth, "busy": self.pool.busy, "bytes": self.admission.queued_bytes,
+                "predicted_wait_ms": round(self.admission.predicted_wait_s() * 1000.0, 1)}
+
+
+def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats, workers: WorkersConfig,
+          make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
+          clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None) -> Serving:
+    """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests."""
+    replier = Replier(stats)
+    far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
+    remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
+    rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
+    reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
+    admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.min, batching.max_batch, clock)
+    batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock)
+    by_name = {p.route.name: p for p in pipes}
+    pool: WorkerPool[Job, WorkerContext] = WorkerPool(
+        workers.max, lambda i: WorkerContext(make_models(i), by_name), batches.process, batching.max_batch,
+        batching.max_delay_ms / 1000.0,
+        deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock,
+        scaler=Autoscaler(workers.min, workers.max, workers.scale_up_wait_ms / 1000.0, workers.scale_down_after_s,
+                          clock),
+        on_resize=admission.set_workers)
+    routes = RouteTable(pipes)
+    intake = Intake(routes, rate, admission, pool.submit, replier, stats, remote, clock)
+    return Serving(intake, pool, admission, batches, replier, routes, rate, reuse, remote)

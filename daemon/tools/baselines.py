@@ -1,0 +1,156 @@
+"""Reference consumers and a raw-payload load generator for `edge-inferd bench e2e`.
+
+    python -m daemon.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
+
+- `echo`: the transport floor. Bare paho 2.x (MQTT v5, TCP_NODELAY), subscribed to the
+  route's filter at QoS 1; `on_message` publishes a 16-byte reply carrying the request's
+  id at QoS 1 to the route's reply topic. No decoding, no model.
+- `naive`: the script most people write: JSON decode + preprocessing + INT8 invoke +
+  publish inside `on_message`, with the daemon's model, preprocessing code and reply topic.
+- `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
+  in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
+
+Both consumers publish a retained `online` on `edge-inferd/<client-id>/status`, like the
+daemon, so the bench waits for them the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from daemon import topics
+from daemon.model import preprocess
+from daemon.config.schema import RouteConfig
+from daemon.config.loader import load_config
+from daemon.config.model_files import read_labels
+from daemon.errors import DaemonError
+from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
+from daemon.model.runtime import Model
+
+QOS = 1
+ECHO_REPLY_BYTES = 16
+# The id is the first key of every bench request: `{"id": 123, "data": ...}`.
+_ID_PREFIX = re.compile(rb'^\{"id":\s*(-?\d+)')
+# Messages rawpub keeps unacknowledged: enough that the publisher is never the bottleneck.
+RAW_INFLIGHT = 1000
+_PUBLISH_TIMEOUT_S = 120.0
+
+
+def _route(config_path: Path | str, route_name: str):
+    config = load_config(config_path)
+    route = next((r for r in config.routes if r.name == route_name), None)
+    if route is None:
+        raise DaemonError(f"no route named {route_name!r} in {config_path}")
+    return config, route
+
+
+def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[RouteConfig, Callable[[bytes], str]]:
+    """The route and the naive per-message body: JSON in, reply JSON out.
+
+    scripts/profile_worker.py times this same function against the daemon's worker path."""
+    config, route = _route(config_path, route_name)
+    model = Model(config.models[route.model].path)
+    labels = read_labels(config.models[route.model].labels) or []
+
+    def answer(payload: bytes) -> str:
+        req = json.loads(payload)
+        x = np.asarray(req["data"], dtype=np.float32).reshape((1,) + route.input.shape)
+        scores = model.infer(preprocess.apply_steps(route.preprocess, x))[0]
+        return json.dumps({"id": req["id"], "label": labels[int(scores.argmax())], "score": float(scores.max())})
+
+    return route, answer
+
+
+def echo_reply(payload: bytes) -> bytes:
+    """`{"id":N}` padded to 16 bytes, without decoding the request."""
+    found = _ID_PREFIX.match(payload[:32])
+    body = b'{"id":%s}' % (found.group(1) if found else b"null")
+    return body.ljust(ECHO_REPLY_BYTES)
+
+
+def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str]) -> None:
+    status = f"edge-inferd/{client_id}/status"
+
+    def on_message(client, userdata, msg):
+        captures = topics.match(route.subscribe, msg.topic)
+        client.publish(topics.render(route.publish, msg.topic, captures), reply(msg.payload), qos=QOS)
+
+    def on_connect(client, userdata, flags, reason_code, properties):
+        disable_nagle(client.socket())
+        client.subscribe(route.subscribe, qos=QOS)
+        client.publish(status, STATUS_ONLINE, qos=QOS, retain=True)
+
+    host, port = broker.rsplit(":", 1)
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    client.will_set(status, STATUS_OFFLINE, qos=QOS, retain=True)
+    client.on_message = on_message
+    client.on_connect = on_connect
+    client.connect(host, int(port))
+    signal.signal(signal.SIGTERM, lambda *_: client.disconnect())
+    client.loop_forever()
+
+
+def _rawpub(args: argparse.Namespace) -> None:
+    """Publish --warmup messages, wait for a line on stdin, publish the rest; print the rate."""
+    blob = Path(args.file).read_bytes()
+    payloads = [blob[i : i + args.size] for i in range(0, len(blob), args.size)]
+    host, port = args.broker.rsplit(":", 1)
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="", protocol=paho.MQTTv5)
+    client.max_inflight_messages_set(RAW_INFLIGHT)
+    client.max_queued_messages_set(0)
+    client.connect(host, int(port))
+    disable_nagle(client.socket())
+    client.loop_start()
+    for payload in payloads[: args.warmup]:
+        client.publish(args.topic, payload, qos=QOS)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start = time.perf_counter()
+    infos = [client.publish(args.topic, payload, qos=QOS) for payload in payloads[args.warmup :]]
+    for info in infos:
+        info.wait_for_publish(_PUBLISH_TIMEOUT_S)
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"published": len(infos), "seconds": round(elapsed, 4)}), flush=True)
+    client.disconnect()
+    client.loop_stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m daemon.baselines", description=__doc__.split("\n")[0])
+    parser.add_argument("kind", choices=("echo", "naive", "rawpub"))
+    parser.add_argument("--broker", required=True, help="HOST:PORT")
+    parser.add_argument("--config", default="config.yaml", type=Path)
+    parser.add_argument("--route", default="activity")
+    parser.add_argument("--client-id", help="default: the kind")
+    parser.add_argument("--topic", help="rawpub: request topic")
+    parser.add_argument("--file", help="rawpub: concatenated payloads")
+    parser.add_argument("--size", type=int, help="rawpub: bytes per payload")
+    parser.add_argument("--warmup", type=int, default=0, help="rawpub: payloads sent before the go line")
+    args = parser.parse_args(argv)
+    if args.kind == "rawpub":
+        _rawpub(args)
+        return
+    client_id = args.client_id or args.kind
+    if args.kind == "echo":
+        _, route = _route(args.config, args.route)
+        _serve(args.broker, client_id, route, echo_reply)
+    else:
+        route, answer = make_answer(args.config, args.route)
+        _serve(args.broker, client_id, route, answer)
+
+
+if __name__ == "__main__":
+    main()

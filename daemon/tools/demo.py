@@ -1,0 +1,234 @@
+"""`edge-inferd demo`: private broker + the real daemon + replay of bundled test data.
+
+For every route whose model has a `test.npz` beside it, each held-out sample is sent
+as a real client would (JSON, or raw bytes for raw routes), with an MQTT v5
+CorrelationData so raw requests can be matched too, WINDOW requests outstanding. The first
+replies of each route are printed (-v: all), then a summary per route: accuracy,
+answered/sent, the daemon's own latency and the client-side p50/p99 round trip.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from daemon import topics
+from daemon.tools.broker import Broker, end_process
+from daemon.config.schema import Config, RouteConfig
+from daemon.config.loader import load_config
+from daemon.config.model_files import read_labels
+from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
+
+_DEVICE = "demo-1"  # fills each '+' of a route's filter
+_READY_TIMEOUT_S = 60.0
+_ANSWER_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 20.0
+# Requests a demo client keeps outstanding, as a well-behaved sensor gateway would.
+# Flow control must not rest on the broker alone: mosquitto 2.0.11 overshoots a
+# v5 client's ReceiveMaximum (eclipse-mosquitto#2301).
+WINDOW = 16
+# Replies printed per route unless -v.
+FIRST_ANSWERS = 5
+
+
+@dataclass
+class RouteRun:
+    route: RouteConfig
+    x: np.ndarray
+    y: np.ndarray
+    labels: list[str]
+    sent_at: dict[int, float] = field(default_factory=dict)
+    answers: dict[int, dict] = field(default_factory=dict)
+    rtt_ms: dict[int, float] = field(default_factory=dict)
+
+
+def request_topic(route: RouteConfig) -> str:
+    fill = {"+": _DEVICE, "#": "sample"}
+    return "/".join(fill.get(level, level) for level in route.subscribe.split("/"))
+
+
+def reply_topic(route: RouteConfig) -> str:
+    topic = request_topic(route)
+    return topics.render(route.publish, topic, topics.match(route.subscribe, topic) or ())
+
+
+def _payload(route: RouteConfig, index: int, x: np.ndarray) -> bytes:
+    if route.input.format == "raw":
+        return x.astype(np.dtype(route.input.dtype).newbyteorder("<")).tobytes()
+    if route.input.format == "npy":
+        buf = io.BytesIO()
+        np.save(buf, x.astype(np.float32), allow_pickle=False)
+        return buf.getvalue()
+    return json.dumps({"id": index, "data": x.tolist()}).encode()
+
+
+class Replayer:
+    """One v5 client: waits for the daemon's `online`, sends samples, collects answers."""
+
+    def __init__(self, broker: str, status_topic: str, runs: dict[str, RouteRun], reply_topics: set[str]):
+        host, port = broker.rsplit(":", 1)
+        self._runs = runs
+        self._status_topic = status_topic
+        self.status: Optional[bytes] = None
+        self.changed = threading.Condition()
+        self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-inferd-demo-{os.getpid()}",
+                                   protocol=paho.MQTTv5)
+        self._client.on_message = self._on_message
+        topics_ = sorted(reply_topics | {status_topic})
+        self._client.on_connect = lambda c, *_: (disable_nagle(c.socket()), c.subscribe([(t, 1) for t in topics_]))
+        self._client.connect(host, int(port))
+        self._client.loop_start()
+
+    def _on_message(self, client, userdata, msg) -> None:
+        with self.changed:
+            if msg.topic == self._status_topic:
+                self.status = msg.payload
+            else:
+                self._record(msg)
+            self.changed.notify_all()
+
+    def _record(self, msg) -> None:
+        corr = getattr(msg.properties, "CorrelationData", None)
+        if not corr:
+            return
+        route_name, index = corr.decode().rsplit(":", 1)
+        run = self._runs.get(route_name)
+        if run is not None and int(index) in run.sent_at:
+            run.answers[int(index)] = json.loads(msg.payload)
+            run.rtt_ms[int(index)] = (time.monotonic() - run.sent_at[int(index)]) * 1000.0
+
+    def wait_for(self, predicate, timeout_s: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout_s)
+
+    def send(self, run: RouteRun, index: int) -> None:
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = f"{run.route.name}:{index}".encode()
+        run.sent_at[index] = time.monotonic()
+        self._client.publish(request_topic(run.route), _payload(run.route, index, run.x[index]), qos=1,
+                             properties=props)
+
+    def close(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()
+
+
+def _route_runs(config: Config, limit: int) -> dict[str, RouteRun]:
+    runs = {}
+    for route in config.routes:
+        mc = config.models[route.model]
+        data = mc.path.parent / "test.npz"
+        if not data.exists():
+            continue
+        with np.load(data, allow_pickle=False) as npz:
+            x, y = npz["x"], npz["y"]
+        if limit:
+            x, y = x[:limit], y[:limit]
+        runs[route.name] = RouteRun(route, x, y, read_labels(mc.labels) or [])
+    return runs
+
+
+def answer_line(run: RouteRun, index: int) -> str:
+    reply = run.answers[index]
+    expected = run.labels[int(run.y[index])]
+    if "error" in reply:
+        return f"{run.route.name:<13} #{index:<3} ERROR {reply['error']['code']}: {reply['error']['message']}"
+    mark = "ok   " if reply["label"] == expected else "wrong"  # not "miss": it sits next to cached=
+    return (f"{run.route.name:<13} #{index:<3} {mark} {reply['label']:<13} score {reply['score']:.3f}  "
+            f"expected {expected:<13} daemon {reply['latency_ms']:6.2f} ms  cached={str(reply['cached']).lower()}")
+
+
+def answer_lines(run: RouteRun, verbose: bool = False) -> list[str]:
+    """The first FIRST_ANSWERS replies of a route (every one when verbose), then how many were left out."""
+    indices = sorted(run.answers)
+    shown = indices if verbose else indices[:FIRST_ANSWERS]
+    lines = [answer_line(run, i) for i in shown]
+    if len(indices) > len(shown):
+        lines.append(f"{run.route.name:<13} ... {len(indices) - len(shown)} more (-v prints every reply)")
+    return lines
+
+
+def summary_lines(runs: dict[str, RouteRun]) -> list[str]:
+    lines = [f"summary: round trip = client send to reply with {WINDOW} requests outstanding (queueing included); "
+             "daemon = the replies' own latency_ms"]
+    for run in runs.values():
+        sent, got = len(run.sent_at), len(run.answers)
+        correct = sum(1 for i, r in run.answers.items() if r.get("label") == run.labels[int(run.y[i])])
+        errors = sum(1 for r in run.answers.values() if "error" in r)
+        rtt = np.array(list(run.rtt_ms.values()) or [0.0])
+        own = np.array([r["latency_ms"] for r in run.answers.values() if "latency_ms" in r] or [0.0])
+        lines.append(f"  {run.route.name:<13} accuracy {correct / max(sent, 1):.3f}  answered {got}/{sent} "
+                     f"({errors} errors)  daemon p50 {np.percentile(own, 50):.1f} ms  "
+                     f"round trip p50 {np.percentile(rtt, 50):.1f} ms  p99 {np.percentile(rtt, 99):.1f} ms")
+    return lines
+
+
+def summarize(runs: dict[str, RouteRun]) -> bool:
+    print("\n" + "\n".join(summary_lines(runs)))
+    return all(len(r.answers) == len(r.sent_at) and not any("error" in a for a in r.answers.values())
+               for r in runs.values())
+
+
+def run_demo(config_path: Path, limit: int = 0, quiet: bool = False, verbose: bool = False) -> bool:
+    config = load_config(config_path)
+    runs = _route_runs(config, limit)
+    with Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-demo-") as tmp:
+        print(f"broker: mosquitto on {broker.address}")
+        cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config_path), "--broker", broker.address]
+        log = open(Path(tmp) / "daemon.log", "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        replies = {reply_topic(r.route) for r in runs.values()}
+        client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
+        try:
+            replayed = _replay(client, daemon, runs, None if quiet else verbose)
+            return _stop(client, daemon) and replayed
+        finally:
+            client.close()
+            if daemon.poll() is None:
+                daemon.kill()
+            log.close()
+            print(f"daemon log: {(Path(tmp) / 'daemon.log').read_text()[-2000:]}" if daemon.returncode else "", end="")
+
+
+def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool]) -> bool:
+    """Send every sample, WINDOW at a time; print the replies (none when `verbose` is None) and the summary."""
+    if not client.wait_for(lambda: client.status == STATUS_ONLINE or daemon.poll() is not None, _READY_TIMEOUT_S):
+        print("daemon did not come online")
+        return False
+    print(f"daemon: online (pid {daemon.pid}); replaying {sum(len(r.x) for r in runs.values())} samples")
+    outstanding = lambda: sum(len(r.sent_at) - len(r.answers) for r in runs.values())  # noqa: E731
+    for run in runs.values():
+        for i in range(len(run.x)):
+            if not client.wait_for(lambda: outstanding() < WINDOW, _ANSWER_TIMEOUT_S):
+                break
+            client.send(run, i)
+    done = lambda: all(len(r.answers) == len(r.sent_at) for r in runs.values())  # noqa: E731
+    client.wait_for(done, _ANSWER_TIMEOUT_S)
+    if verbose is not None:
+        for run in runs.values():
+            print("\n".join(answer_lines(run, verbose)))
+    return summarize(runs)
+
+
+def _stop(client: Replayer, daemon: subprocess.Popen) -> bool:
+    code = end_process(daemon, signal.SIGTERM, _STOP_TIMEOUT_S)  # killed if it hangs, never a traceback
+    client.wait_for(lambda: client.status == STATUS_OFFLINE, _STOP_TIMEOUT_S)
+    print(f"daemon: stopped with exit code {code}; status {client.status.decode() if client.status else '?'}")
+    return code == 0 and client.status == STATUS_OFFLINE

@@ -1,0 +1,1 @@
+"""The MQTT link: paho, the PUBACK registry, the on-disk outbox, link health. May import `config`, `obs`."""

@@ -1,0 +1,25 @@
+"""A received message as the rest of the daemon sees it: no paho types leak past the transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One received message, converted at the boundary (no paho types leak past here)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    mid: int
+    received_at: float  # time.monotonic() at receipt
+    response_topic: Optional[str] = None
+    correlation_data: Optional[bytes] = None
+    expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
+
+    @property
+    def deadline(self) -> Optional[float]:
+        """When the v5 message expiry runs out (same clock as `received_at`), or None."""
+        return self.received_at + self.expiry_s if self.expiry_s else None

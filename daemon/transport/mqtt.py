@@ -1,0 +1,351 @@
+"""The paho boundary: connect, reconnect, subscribe, status, publish, ack.
+
+Callbacks only convert and hand on; they never decode, infer or block. paho quirks
+that shape this module:
+- `loop_start()` runs `loop_forever(retry_first_connection=True)`, so with
+  `connect_async` the daemon starts even when the broker is down at boot.
+- Subscriptions are made in `on_connect` (after checking its reason code) so that a
+  reconnect resubscribes.
+- An exception escaping a callback stops paho's loop thread unless
+  `suppress_exceptions` is set, so `on_message` guards the hand-off itself.
+- `wait_for_publish()` inside a callback deadlocks (paho #527, #875); it is used only
+  in `stop()`, which runs on the main thread.
+- paho leaves Nagle's algorithm on: replies waited ~40 ms for delayed ACKs until
+  `on_connect` set TCP_NODELAY (88 ms round trip -> see docs/performance.md).
+- The LWT is not sent on a clean disconnect: `stop()` publishes `offline` itself.
+- `manual_ack=True`: a QoS>0 request is acknowledged only once its reply is safe at
+  the broker: the reply's own PUBACK is back (`on_publish` with the reply's mid). Acking
+  when the reply was merely queued lost requests: past 20 replies in flight paho holds
+  further QoS 1 publishes in memory but writes PUBACKs at once, so a daemon killed then
+  had acked requests whose replies never left (measured: 238 of 600 unanswered after a
+  SIGKILL and restart). With MQTT v5 the CONNECT carries ReceiveMaximum (see
+  daemon/lifecycle/service.py, `receive_maximum`, for why it is bounded).
+- A persistent session (`mqtt.session_expiry_s` > 0: v5 `clean_start=False` with a
+  SessionExpiryInterval, 3.1.1 `clean_session=False`) keeps the subscriptions and the
+  unacked requests at the broker while the daemon is away; the broker redelivers them
+  on reconnect, right after CONNACK and before any SUBSCRIBE. So requests are handed
+  on from the first connect (intake queues them until the workers start), and
+  `close_intake` keeps the subscriptions: what arrives after it stays unacked and is
+  redelivered to the next run.
+- While the broker is away (`connected` clear) a reply goes to the on-disk outbox
+  (outbox.py), not into paho's memory; paho resends only what it was handed before the
+  connection dropped, and `stop()` moves what it still holds unconfirmed (`drop_out_messages`)
+  to the outbox. The flusher hands stored rows to paho once connected, each only once.
+- paho's own window of QoS 1 publishes in flight (20 by default) is raised to the
+  request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip.
+- Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
+  on subscribe) and Retain As Published, and any message with the retain flag (a
+  retained delivery, or an empty retained clear) is acked and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+import threading
+import time
+from contextlib import AbstractContextManager
+from typing import Callable, Optional, Sequence
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from daemon.config.mqtt import MqttConfig
+from daemon.transport.inbound import Inbound
+from daemon.transport.link_health import LinkHealth
+from daemon.transport.outbox import Outbox, OutboxFlusher, Row
+from daemon.transport.puback import AwaitingPuback
+from daemon.transport.paho_client import Client
+from daemon.obs.throttled_log import ThrottledLog
+
+logger = logging.getLogger(__name__)
+# Time allowed to get the retained `offline` status out on a stop.
+OFFLINE_PUBLISH_TIMEOUT_S = 2.0
+
+STATUS_ONLINE = b"online"
+STATUS_OFFLINE = b"offline"
+_STATUS_QOS = 1
+_FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+# Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
+REPLY_WINDOW = 1024
+
+
+def disable_nagle(sock: object) -> None:
+    """Small replies must not wait for Nagle + delayed ACK (~40 ms each way); paho leaves it on."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (AttributeError, OSError) as exc:  # e.g. a unix or websocket transport
+        logger.debug("TCP_NODELAY not set: %s", exc)
+
+
+def _path(value: Optional[object]) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+class MqttLink:
+    """One paho client: status, intake of the given filters, replies and acks."""
+
+    def __init__(self, config: MqttConfig, filters: Sequence[str], on_message: Callable[[Inbound], None],
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
+        self._config = config
+        self._receive_maximum = receive_maximum
+        self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
+        self._handler = on_message
+        self._accepting = threading.Event()
+        self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
+        self._subscribing = threading.Event()
+        self.connected = threading.Event()
+        protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
+        clean_session = None if config.is_v5 else not config.persistent
+        self._client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
+                              clean_session=clean_session, manual_ack=True)
+        if config.username is not None:
+            self._client.username_pw_set(config.username, config.password)
+        if config.tls is not None:
+            tls = config.tls
+            # paho's defaults: CERT_REQUIRED and hostname verification (tls_insecure stays False).
+            self._client.tls_set(ca_certs=_path(tls.ca_file), certfile=_path(tls.cert_file),
+                                 keyfile=_path(tls.key_file))
+        # paho keeps 20 QoS 1 publishes in flight by default and queues the rest in memory: with
+        # requests acked only after their reply's PUBACK, 20 replies per broker round trip capped
+        # the daemon below its drain rate under sustained load (soak at 0.8x: 71,723 of 213,979
+        # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
+        self._client.max_inflight_messages_set(receive_maximum or REPLY_WINDOW)
+        self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
+        self._client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_subscribe = self._on_subscribe
+        self._client.on_message = self._on_message
+        self._client.on_publish = self._on_publish
+        self._client.on_connect_fail = self._on_connect_fail
+        self._log = ThrottledLog(logger)
+        self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
+        self._stopping = False
+        self._safe = AwaitingPuback(self._published)
+        self.outbox = outbox
+        self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
+        self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
+        self.reconnects = 0  # times the daemon came back online after the first time
+
+    def start(self) -> None:
+        """Connect in the background; retries with capped backoff while the broker is down."""
+        logger.info("connecting to %s as %r (MQTT %s)", self._config.url, self._config.client_id,
+                    "v5" if self._config.is_v5 else "3.1.1")
+        options: dict = {}
+        if self._config.is_v5:
+            properties = Properties(PacketTypes.CONNECT)
+            if self._receive_maximum:
+                properties.ReceiveMaximum = self._receive_maximum
+            if self._config.persistent:
+                properties.SessionExpiryInterval = self._config.session_expiry_s
+            options = {"properties": properties, "clean_start": not self._config.persistent}
+        self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
+                                   **options)
+        self._client.loop_start()
+        if self._flusher is not None:
+            self._flusher.start()
+
+    def open_intake(self) -> None:
+        """Subscribe now if connected, and on every (re)connect; then announce `online`."""
+        self._subscribing.set()
+        if self.connected.is_set():
+            self._subscribe()
+
+    def close_intake(self) -> None:
+        """Stop handing on requests; what arrives now stays unacked. A persistent session keeps
+        the subscriptions, so the broker holds (and redelivers) requests for the next run."""
+        self._accepting.clear()
+        self._subscribing.clear()
+        if self.connected.is_set() and self._filters and not self._config.persistent:
+            self._client.unsubscribe(list(self._filters))
+
+    def _subscribe(self) -> None:
+        if self._filters:
+            qos = self._config.qos
+            if self._config.is_v5:
+                options = SubscribeOptions(qos=qos, retainAsPublished=True,
+                                           retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+                self._client.subscribe([(f, options) for f in self._filters])
+            else:
+                self._client.subscribe([(f, qos) for f in self._filters])
+        else:
+            self._announce_online()
+
+    def _announce_online(self) -> None:
+        """`online` once subscribed (after SUBACK): never while requests would go unheard."""
+        if self.online.is_set():
+            self.reconnects += 1
+        self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
+        self.online.set()
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            self._health.refused(reason_code.value, reason_code)
+            return
+        logger.info("connected to %s", self._config.url)
+        self._health.connected()
+        disable_nagle(client.socket())
+        self.connected.set()
+        if self._flusher is not None:
+            self._flusher.wake()
+        if self._subscribing.is_set():
+            self._subscribe()
+
+    def _on_connect_fail(self, client, userdata) -> None:
+        self._health.connect_failed(getattr(client, "last_connect_error", None), self._config.host, self._config.port)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        was_connected = self.connected.is_set()
+        self.connected.clear()
+        if was_connected and reason_code != 0 and not self._stopping:
+            self._health.dropped(getattr(reason_code, "value", reason_code), reason_code)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        refused = 0
+        for topic_filter, code in zip(self._filters, reason_codes, strict=False):
+            if code.value >= _FAILURE_THRESHOLD:
+                refused += 1
+                logger.error("broker refused the subscription to %r: %s", topic_filter, code)
+        if refused < len(self._filters) and self._subscribing.is_set():
+            self._announce_online()
+
+    def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
+        try:
+            if not self._accepting.is_set():
+                return  # stopping: leave it unacked (see close_intake)
+            if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
+                client.ack(msg.mid, msg.qos)
+                return
+            self._handler(self._convert(msg))
+        except Exception:  # paho's loop thread must survive anything a message does
+            logger.exception("failed to hand on a message from %r", msg.topic)
+
+    @staticmethod
+    def _convert(msg: paho.MQTTMessage) -> Inbound:
+        props = getattr(msg, "properties", None)
+        return Inbound(
+            topic=msg.topic,
+            payload=msg.payload,
+            qos=msg.qos,
+            mid=msg.mid,
+            received_at=time.monotonic(),
+            response_topic=getattr(props, "ResponseTopic", None),
+            correlation_data=getattr(props, "CorrelationData", None),
+            expiry_s=getattr(props, "MessageExpiryInterval", None),
+        )
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False, correlation_data: Optional[bytes] = None,
+                response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
+        """Queue a publish (non-blocking; paho sends it from its loop thread); a ResponseTopic
+        makes it a v5 request (daemon/serve/cascade.py escalations)."""
+        return self._publish(topic, payload, retain, correlation_data, None, response_topic)
+
+    def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
+        """Publish a request's reply, and ack the request once the broker has the reply. While
+        the broker is away the reply goes to the outbox, and the request stays unacked: the
+        broker redelivers it on reconnect (a duplicate reply, cheap through the cache)."""
+        if self.outbox is not None and not self.connected.is_set():
+            try:
+                self.outbox.put_many([(topic, payload, inbound.correlation_data)])
+                self._flusher.wake()
+                return
+            except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: paho's memory holds it instead
+                self._log.warning("outbox", "outbox %s: %s; the reply waits in memory", self.outbox.path, exc)
+        self._publish(topic, payload, False, inbound.correlation_data, inbound)
+
+    def _flush(self, row: Row) -> None:
+        """The outbox flusher's thread: hand one stored reply to paho; removed on its PUBACK."""
+        self._publish(row.topic, row.payload, False, row.correlation_data, row)
+
+    def _published(self, owner: object) -> None:
+        """The broker has the publish `owner` waited for: ack its request, or drop its outbox row."""
+        if isinstance(owner, Inbound):
+            self.ack(owner)
+        elif isinstance(owner, Row) and self._flusher is not None:
+            self._flusher.confirmed(owner)
+
+    def _publish(self, topic: str, payload: bytes, retain: bool, correlation_data: Optional[bytes],
+                 owner: Optional[object], response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
+        properties = None
+        if (correlation_data is not None or response_topic is not None) and self._config.is_v5:
+            properties = Properties(PacketTypes.PUBLISH)
+            if correlation_data is not None:
+                properties.CorrelationData = correlation_data
+            if response_topic is not None:
+                properties.ResponseTopic = response_topic
+        info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+        if self._config.qos > 0:
+            self._safe.register(info.mid, owner)
+        elif owner is not None:
+            self._published(owner)  # QoS 0 replies are never acknowledged; nothing to wait for
+        return info
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        if self._config.qos > 0:
+            self._safe.completed(mid)
+
+    @property
+    def loop_alive(self) -> bool:
+        """paho's network thread is running (paho keeps it in `_thread`; there is no public accessor)."""
+        thread = getattr(self._client, "_thread", None)
+        return thread is not None and thread.is_alive()
+
+    @property
+    def unconfirmed_replies(self) -> int:
+        """Publishes the broker has not confirmed yet, held by paho for resending."""
+        return self._safe.pending
+
+    def outbox_state(self) -> dict:
+        """The stats' `outbox`: paho's unconfirmed publishes, and the on-disk outbox's rows."""
+        state = {"unconfirmed": self.unconfirmed_replies}
+        if self.outbox is not None:
+            state.update(self.outbox.snapshot())
+        return state
+
+    def batch(self) -> AbstractContextManager:
+        """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""
+        return self._client.quiet_wakeups()
+
+    def ack(self, inbound: Inbound) -> None:
+        """Acknowledge a request once its reply is published (no-op for QoS 0)."""
+        if inbound.qos > 0:
+            self._client.ack(inbound.mid, inbound.qos)
+
+    def stop(self, timeout_s: float = OFFLINE_PUBLISH_TIMEOUT_S) -> None:
+        """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
+        the broker has not confirmed in the outbox, for the next run."""
+        self._stopping = True
+        if self._flusher is not None:
+            self._flusher.stop()
+        if self.connected.is_set():
+            info = self.publish(self._config.status_topic, STATUS_OFFLINE, retain=True)
+            try:
+                info.wait_for_publish(timeout_s)
+            except (RuntimeError, ValueError) as exc:
+                logger.warning("could not publish offline status: %s", exc)
+        self._client.disconnect()
+        self._client.loop_stop()
+        if self.outbox is not None:
+            try:
+                self._spill()
+            except (OSError, sqlite3.Error) as exc:
+                logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
+                             "redelivered by the broker", self.outbox.path, exc)
+            self.outbox.close()
+
+    def _spill(self) -> None:
+        """paho's unconfirmed replies -> the outbox. paho keeps only QoS 1 and 2 publishes, each
+        registered with its owner: a reply's is its request; status, stats, a stored outbox row
+        and an escalation request to a far tier are not replies to send again next run."""
+        left = [m for m in self._client.drop_out_messages() if isinstance(self._safe.owner(m.mid), Inbound)]
+        if left:
+            kept = self.outbox.put_many([(m.topic, m.payload, getattr(m.properties, "CorrelationData", None))
+                                         for m in left])
+            logger.warning("%d unconfirmed repl%s kept in the outbox %s for the next run%s", kept,
+                           "y" if kept == 1 else "ies", self.outbox.path,
+                           f" ({len(left) - kept} did not fit)" if kept < len(left) else "")

@@ -1,0 +1,43 @@
+"""The stats payload's rounding and its readable one-line form for the log."""
+
+from __future__ import annotations
+
+from daemon.obs import stats_topic
+
+
+class _Cache:
+    def snapshot(self) -> dict:
+        return {"hits": 1, "disk_hits": 0, "misses": 7, "hit_rate": 0.125}
+
+
+def _snapshot(**overrides) -> dict:
+    stats = {"counts": {"received": 1234, "errors.bad_payload": 4, "errors.overloaded": 9},
+             "latency_ms": {"p50": 1.234, "p99": 7.5565, "n": 1230},
+             "stages_ms": {"queue": {"n": 3, "mean": 0.3076, "p50_le": 1e-5 * 1000.0, "p99_le": 2.5}}}
+    stats.update(overrides)
+    return stats_topic.payload(stats, 12.345, {"activity": "d65608b0fb45" * 5}, 2, {"depth": 3, "busy": 1},
+                              _Cache(), 2, {"unconfirmed": 1, "stored": 5})
+
+
+def test_floats_are_rounded():
+    snapshot = _snapshot()
+    assert snapshot["latency_ms"]["stages"]["queue"]["p50_le"] == 0.01  # was 0.010000000000000002
+    assert snapshot["latency_ms"]["p99"] == 7.5565 and snapshot["uptime_s"] == 12.3
+
+
+def test_summary_line_is_readable():
+    assert stats_topic.summary_line(_snapshot()) == (
+        "stats: received 1234, results 0, errors overloaded=9 bad_payload=4, cache hit 12%, queue 3, "
+        "p50 1.2 ms p99 7.6 ms, outbox 6, reconnects 2")
+
+
+def test_summary_line_before_any_request():
+    snapshot = stats_topic.payload({}, 0.0, {}, 1)
+    assert stats_topic.summary_line(snapshot) == (
+        "stats: received 0, results 0, errors 0, cache off, queue 0, no latency yet, outbox 0, reconnects 0")
+
+
+def test_workers_carry_the_running_count_its_bounds_and_the_scale_counts():
+    scaling = {"min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}
+    snapshot = stats_topic.payload({}, 0.0, {}, 2, {"depth": 0, "busy": 1}, scaling=scaling)
+    assert snapshot["workers"] == {"threads": 2, "busy": 1, "min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}

@@ -1,0 +1,53 @@
+"""The package as a user installs it: a built wheel, not the checkout, serves config.yaml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                           capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (found,) = out.glob("edge_inferd-*.whl")
+    return found
+
+
+def test_the_wheel_holds_every_module_of_every_wing(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        packed = {name for name in archive.namelist() if name.startswith("daemon/") and name.endswith(".py")}
+    assert packed == {p.relative_to(ROOT).as_posix() for p in (ROOT / "daemon").rglob("*.py")}
+
+
+def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    # A plain (not editable) install of the wheel alone, by this pip into the new venv; its
+    # dependencies come from the test's own environment on PYTHONPATH (a path entry, so the
+    # checkout's editable hook, a .pth file, stays off).
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, timeout=BUILD_TIMEOUT_S)
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_path("purelib")}
+    where = subprocess.run([str(python), "-c", "import daemon.serve.wiring as m; print(m.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert where.returncode == 0 and where.stdout.startswith(str(venv)), where.stdout + where.stderr
+    entry = [str(venv / "bin" / "edge-inferd")]
+    helped = subprocess.run([*entry, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert helped.returncode == 0 and "check-config" in helped.stdout, helped.stderr
+    checked = subprocess.run([*entry, "check-config", "--config", str(ROOT / "config.yaml")],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "valid" in checked.stdout
