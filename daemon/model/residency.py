@@ -30,7 +30,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from daemon.model.runtime import Model, TensorSpec, to_input
+from daemon.model.interface import TensorSpec
+from daemon.model.runtime import Model, to_input
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,9 @@ class LazyModel:
     def loaded(self) -> bool:
         return self._model is not None
 
-    def quantize(self, batch: np.ndarray) -> np.ndarray:
+    def quantize(self, batch: np.ndarray, as_is: bool = False) -> np.ndarray:
         """As `Model.quantize`, without the interpreter (a cache hit needs no load)."""
-        return to_input(self._input, batch)
+        return to_input(self._input, batch, as_is)
 
     def infer_quantized(self, q: np.ndarray) -> np.ndarray:
         with self._lock:

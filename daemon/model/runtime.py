@@ -15,13 +15,13 @@ import importlib
 import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from daemon.errors import DaemonError, ModelError
+from daemon.model.interface import Interface, TensorSpec, read_interface
 from daemon.model.native_stderr import quiet_native_info
 
 logger = logging.getLogger(__name__)
@@ -104,43 +104,25 @@ def file_sha256(path: Path | str) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output tensor: shape (batch first), dtype and quantization."""
+def to_input(spec: TensorSpec, batch: np.ndarray, as_is: bool = False) -> np.ndarray:
+    """(N, *sample shape) -> the input tensor `spec` describes (its batch dimension aside).
 
-    index: int
-    name: str
-    shape: tuple[int, ...]
-    signature: tuple[int, ...]
-    dtype: np.dtype
-    scale: float
-    zero_point: int
-
-    @classmethod
-    def from_details(cls, d: dict) -> "TensorSpec":
-        scale, zero_point = d.get("quantization", (0.0, 0))
-        shape = tuple(int(v) for v in d["shape"])
-        signature = tuple(int(v) for v in d.get("shape_signature", shape))
-        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]),
-                   float(scale), int(zero_point))
-
-    @property
-    def quantized(self) -> bool:
-        return self.scale != 0.0
-
-    def to_model(self, x: np.ndarray) -> np.ndarray:
-        return quantize(x, self.scale, self.zero_point, self.dtype) if self.quantized else x.astype(self.dtype)
-
-    def from_model(self, q: np.ndarray) -> np.ndarray:
-        return dequantize(q, self.scale, self.zero_point) if self.quantized else q.astype(np.float32)
-
-
-def to_input(spec: TensorSpec, batch: np.ndarray) -> np.ndarray:
-    """float32 (N, *sample shape) -> the input tensor `spec` describes (its batch dimension aside)."""
-    batch = np.asarray(batch, dtype=np.float32)
+    Real values are quantized with the tensor's scale and zero point (or passed as float32 to a
+    float-interface model). `as_is`: the values already are the tensor's integers, as a uint8
+    image model takes decoded pixels (0..255), so they are only cast."""
     if batch.shape[1:] != spec.shape[1:]:
         raise ValueError(f"input shape {batch.shape[1:]} does not match the model's {spec.shape[1:]}")
-    return spec.to_model(batch)
+    if as_is:
+        return np.ascontiguousarray(batch, dtype=spec.dtype)
+    return to_model(spec, np.asarray(batch, dtype=np.float32))
+
+
+def to_model(spec: TensorSpec, x: np.ndarray) -> np.ndarray:
+    return quantize(x, spec.scale, spec.zero_point, spec.dtype) if spec.quantized else x.astype(spec.dtype)
+
+
+def from_model(spec: TensorSpec, q: np.ndarray) -> np.ndarray:
+    return dequantize(q, spec.scale, spec.zero_point) if spec.quantized else q.astype(np.float32)
 
 
 def _read_model(path: Path) -> bytes:
@@ -197,20 +179,11 @@ class Model:
         factory = interpreter_factory or _interpreter_class(self.backend)
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
-        try:
-            with self._quiet():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
-                interp = self._new_interpreter()
-                interp.allocate_tensors()
-            inputs = interp.get_input_details()
-            outputs = interp.get_output_details()
-        except (ValueError, RuntimeError) as exc:
-            raise ModelError(self.path, f"{self.backend} rejected the model: {exc}") from None
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise ModelError(self.path, f"expected 1 input and 1 output, model has {len(inputs)} and {len(outputs)}")
-        self.input = TensorSpec.from_details(inputs[0])
-        self.output = TensorSpec.from_details(outputs[0])
-        if require_int8:
-            self._check_int8()
+        self.num_threads = num_threads
+        interp, self.interface = self._open(require_int8)
+        self.input = self.interface.inputs[0]
+        self.outputs = self.interface.outputs
+        self.output = self.outputs[0]  # the first (a classifier's only) output
         native = self.input.shape[0]
         self._interps: dict[int, Any] = {native: interp}
         self.buckets = bucket_sizes(max_batch) if self.batchable else (native,)
@@ -218,11 +191,19 @@ class Model:
         self.cost_per_sample_s = 0.0
         self.cost_per_invoke_s = 0.0
 
-    def _check_int8(self) -> None:
-        for role, spec in (("input", self.input), ("output", self.output)):
-            if spec.dtype != np.int8 or not spec.quantized:
-                raise ModelError(self.path, f"expected a full-integer INT8 model, but its {role} is {spec.dtype} "
-                                 f"{'quantized' if spec.quantized else 'unquantized'}")
+    def _open(self, require_int8: bool) -> tuple[Any, Interface]:
+        """The first interpreter and the model's interface; ModelError when it cannot be served."""
+        try:
+            with self._quiet():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
+                interp = self._new_interpreter()
+                interp.allocate_tensors()
+            interface = read_interface(interp)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(self.path, f"{self.backend} rejected the model: {_why(exc)}") from None
+        problems = interface.problems(require_int8)
+        if problems:
+            raise ModelError(self.path, f"cannot serve this model: it {problems[0]}")
+        return interp, interface
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -231,16 +212,22 @@ class Model:
 
     @property
     def num_outputs(self) -> int:
-        return int(np.prod(self.output.shape[1:]))
+        """Values per sample over all outputs, flattened and concatenated in output order."""
+        return sum(spec.sample_size for spec in self.outputs)
+
+    @property
+    def output_layout(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(name, per-sample shape) of each output, in the order `infer` concatenates them."""
+        return tuple((spec.name, spec.sample_shape) for spec in self.outputs)
 
     @property
     def batchable(self) -> bool:
         """True when the model's batch dimension is dynamic, so one invoke can run N samples."""
-        return bool(self.input.signature) and self.input.signature[0] == -1
+        return self.interface.batchable
 
-    def quantize(self, batch: np.ndarray) -> np.ndarray:
-        """float32 (N, *sample_shape) in model units -> the model's input tensor (INT8)."""
-        return to_input(self.input, batch)
+    def quantize(self, batch: np.ndarray, as_is: bool = False) -> np.ndarray:
+        """(N, *sample_shape) real values in model units -> the model's input tensor (see `to_input`)."""
+        return to_input(self.input, batch, as_is)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """float32 (N, *sample_shape) -> float32 scores (N, num_outputs)."""
@@ -303,15 +290,28 @@ class Model:
         interp = self._interpreter(q.shape[0])
         interp.set_tensor(self.input.index, q)
         interp.invoke()
-        raw = interp.get_tensor(self.output.index)
-        return self.output.from_model(raw).reshape(q.shape[0], -1)
+        n = q.shape[0]
+        if len(self.outputs) == 1:
+            return from_model(self.output, interp.get_tensor(self.output.index)).reshape(n, -1)
+        return np.concatenate([from_model(spec, interp.get_tensor(spec.index)).reshape(n, -1)
+                               for spec in self.outputs], axis=1)
 
     def warm_up(self) -> None:
         """Build and run every bucket's interpreter once (arenas grow at the first invoke), then
         time the smallest and largest bucket for the pad-or-split cost model."""
         zeros = {size: np.zeros((size, *self.sample_shape), self.input.dtype) for size in self.buckets}
         for size in self.buckets:
-            self._invoke(zeros[size])
+            try:
+                self._invoke(zeros[size])
+            except (ValueError, RuntimeError) as exc:  # a dynamic batch dimension whose graph cannot resize
+                if size == self.input.shape[0]:
+                    raise
+                logger.warning("%s: runs at batch %d only: resizing to %d failed (%s)", self.path.name,
+                               self.input.shape[0], size, exc)
+                self.buckets = (self.input.shape[0],)
+                self._interps = {size: interp for size, interp in self._interps.items() if size in self.buckets}
+                zeros = {self.buckets[0]: zeros[self.buckets[0]]}
+                break
         small, large = self.buckets[0], self.buckets[-1]
         t_small, t_large = (self._time(zeros[s]) for s in (small, large))
         if large > small:
@@ -327,3 +327,12 @@ class Model:
             self._invoke(q)
             best = min(best, time.perf_counter() - start)
         return best
+
+
+def _why(exc: BaseException) -> str:
+    """A runtime's refusal in words a user can act on."""
+    text = str(exc)
+    if "custom op" in text.lower():
+        return (f"{text.strip()} (the model needs an op this runtime does not have: an Edge TPU model "
+                "(*_edgetpu.tflite) needs its CPU version)")
+    return text

@@ -1,0 +1,149 @@
+"""What a model takes and gives: its tensors, its ops, and whether the daemon can serve it.
+
+Read from a loaded interpreter, without running it. `runtime.Model` refuses a model for
+the first of `problems()`; `edge-inferd inspect` prints them all beside the tensors and a
+guess of the model's kind, so a user with a file and no idea what it wants learns both.
+
+Served: one input tensor, int8 or uint8 (quantized: the daemon quantizes real values with
+the tensor's scale and zero point) or float32 (an INT8 model with a float interface, whose
+graph quantizes itself); any number of outputs, integer ones dequantized. Refused:
+- several inputs (one request is one tensor);
+- stateful streaming models (variable ops, e.g. microWakeWord): each output depends on the
+  requests before it, which caching, batching and a worker shared by devices all break;
+- float models with no quantized tensor at all (this is an INT8 server).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+# Ops that keep state between invokes (resource variables).
+STATEFUL_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
+INTEGER_INPUTS = (np.dtype(np.int8), np.dtype(np.uint8))
+FLOAT_INPUT = np.dtype(np.float32)
+_QUANTIZED_KINDS = "iu"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor: shape (batch first), dtype and quantization."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    signature: tuple[int, ...]
+    dtype: np.dtype
+    scale: float
+    zero_point: int
+
+    @classmethod
+    def from_details(cls, d: dict) -> "TensorSpec":
+        scale, zero_point = d.get("quantization", (0.0, 0))
+        shape = tuple(int(v) for v in d["shape"])
+        signature = tuple(int(v) for v in d.get("shape_signature", shape))
+        return cls(int(d["index"]), str(d["name"]), shape, signature, np.dtype(d["dtype"]),
+                   float(scale), int(zero_point))
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != 0.0 and self.dtype.kind in _QUANTIZED_KINDS
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def sample_size(self) -> int:
+        return math.prod(self.sample_shape)
+
+    def real_range(self) -> Optional[tuple[float, float]]:
+        """The real values the integers stand for, (lowest, highest); None for a float tensor."""
+        if not self.quantized:
+            return None
+        info = np.iinfo(self.dtype)
+        return (info.min - self.zero_point) * self.scale, (info.max - self.zero_point) * self.scale
+
+    def describe(self) -> str:
+        quant = f"scale {self.scale:.6g}, zero point {self.zero_point}" if self.quantized else "not quantized"
+        span = self.real_range()
+        real = f"; real values {span[0]:.4g} .. {span[1]:.4g}" if span else ""
+        batch = "dynamic batch" if self.signature and self.signature[0] == -1 else f"batch {self.shape[0]}"
+        return f"{self.name}: {self.dtype} {list(self.shape)} ({batch}; {quant}{real})"
+
+
+@dataclass(frozen=True)
+class Interface:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    ops: tuple[str, ...]
+    """The graph's op names (empty when the backend cannot list them)."""
+    quantized_tensors: int
+    """How many tensors of the whole graph are quantized integers."""
+    resource_tensors: int = 0
+    """Tensors of resource (variable) type: a stateful graph."""
+
+    @property
+    def stateful_ops(self) -> list[str]:
+        return sorted(STATEFUL_OPS.intersection(self.ops))
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.stateful_ops) or self.resource_tensors > 0
+
+    @property
+    def batchable(self) -> bool:
+        """The input's batch dimension is dynamic, so one invoke can run N samples."""
+        signature = self.inputs[0].signature if self.inputs else ()
+        return bool(signature) and signature[0] == -1
+
+    def problems(self, require_int8: bool = True) -> list[str]:
+        """Why the daemon cannot serve this model (empty when it can)."""
+        found = []
+        if len(self.inputs) != 1:
+            names = ", ".join(spec.name for spec in self.inputs) or "none"
+            found.append(f"takes {len(self.inputs)} inputs ({names}); edge-inferd feeds one tensor per request")
+        if self.stateful:
+            what = ", ".join(self.stateful_ops) or f"{self.resource_tensors} resource tensors"
+            found.append(f"is a stateful streaming model ({what}): each output depends on the requests before it, "
+                         "which breaks the cache, batching and a worker shared by many devices")
+        if len(self.inputs) == 1:
+            spec = self.inputs[0]
+            if spec.dtype not in (*INTEGER_INPUTS, FLOAT_INPUT) or (spec.dtype in INTEGER_INPUTS and not spec.quantized):
+                found.append(f"its input {spec.name} is {spec.dtype}{'' if spec.quantized else ' unquantized'}; "
+                             "edge-inferd feeds int8 or uint8 (quantized) or float32")
+        bad_out = [spec.name for spec in self.outputs if spec.dtype.kind not in "fiub"]
+        if bad_out:
+            found.append(f"output(s) {', '.join(bad_out)} are not numeric")
+        if require_int8 and self.quantized_tensors == 0:
+            found.append("is a float model (no quantized tensor in the graph): edge-inferd serves INT8 models; "
+                         "convert it with full-integer quantization")
+        return found
+
+
+def read_interface(interp: Any) -> Interface:
+    """The interface of an allocated interpreter (ai-edge-litert or tflite-runtime)."""
+    inputs = tuple(TensorSpec.from_details(d) for d in interp.get_input_details())
+    outputs = tuple(TensorSpec.from_details(d) for d in interp.get_output_details())
+    try:
+        ops = tuple(str(op.get("op_name", "")) for op in interp._get_ops_details())
+    except (AttributeError, RuntimeError, ValueError):  # a private API: not every build has it
+        ops = ()
+    quantized = resource = 0
+    for detail in _tensor_details(interp):
+        dtype = np.dtype(detail["dtype"])
+        scale = detail.get("quantization", (0.0, 0))[0]
+        quantized += dtype.kind in _QUANTIZED_KINDS and scale != 0.0
+        resource += dtype == np.dtype(object)
+    return Interface(inputs, outputs, ops, quantized, resource)
+
+
+def _tensor_details(interp: Any) -> list[dict]:
+    """Every tensor of the graph; only the inputs and outputs where the interpreter cannot list them."""
+    try:
+        return list(interp.get_tensor_details())
+    except (AttributeError, RuntimeError, ValueError):
+        return [*interp.get_input_details(), *interp.get_output_details()]
