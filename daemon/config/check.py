@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from daemon.config.model_files import open_model, read_labels
+from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
-from daemon.config.schema import Config, ModelConfig, RouteConfig
+from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, Config, ModelConfig, RouteConfig
+from daemon.model.interface import detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
 from daemon.model import preprocess
 from daemon.model.runtime import Model
@@ -48,37 +49,58 @@ def _raw_section(r: Reader, key: str, kind: type) -> Any:
 
 
 def _check_models(r: Reader, config: Config) -> None:
-    """Load each model once, check its labels, and every route's shapes against it."""
+    """Load each model once, check its labels, and every route's shapes and kind against it."""
     loaded: dict[str, Model] = {}
+    labels: dict[str, Labels] = {}
     models_raw = _raw_section(r, "models", dict)
     for name, mc in config.models.items():
         p, m = f"models.{name}", models_raw.get(name)
-        path_ok, labels_ok = r.ok(f"{p}.path", f"{p}.sha256"), r.ok(f"{p}.labels")
-        if path_ok:
+        if r.ok(f"{p}.path", f"{p}.sha256"):
             try:
                 loaded[name] = open_model(config, name, max_batch=1)
             except (ModelError, DaemonError) as exc:
                 r.error(m, "path", p, str(exc))
-        if labels_ok:
-            _check_labels(r, m, p, mc, loaded.get(name))
+        if mc.labels is not None and r.ok(f"{p}.labels"):
+            found = _read_labels(r, m, p, mc)
+            if found is not None:
+                labels[name] = found
     routes_raw = _raw_section(r, "routes", list)
     for i, route in enumerate(config.routes):
-        p = f"routes[{i}]"
-        if route.model in loaded and r.ok(f"{p}.input.shape", f"{p}.preprocess"):
-            _check_route_shape(r, routes_raw[i], p, route, loaded[route.model])
-        check_escalate_model(r, routes_raw[i], p, route, loaded)
+        p, m = f"routes[{i}]", routes_raw[i]
+        model = loaded.get(route.model)
+        if model is not None and r.ok(f"{p}.input.shape", f"{p}.preprocess"):
+            _check_route_shape(r, m, p, route, model)
+        if model is not None and r.ok(f"{p}.output"):
+            _check_kind(r, m, p, route, model)
+            _check_route_labels(r, models_raw.get(route.model), route, config.models[route.model],
+                                labels.get(route.model), model)
+        check_escalate_model(r, m, p, route, loaded)
 
 
-def _check_labels(r: Reader, m: Any, p: str, mc: ModelConfig, model: Optional[Model]) -> None:
+def _read_labels(r: Reader, m: Any, p: str, mc: ModelConfig) -> Optional[Labels]:
     try:
-        labels = read_labels(mc.labels)
+        found = read_labels(mc.labels)
     except (OSError, UnicodeDecodeError) as exc:
         r.error(m, "labels", p, f"{mc.labels}: cannot read the labels file: {getattr(exc, 'strerror', None) or exc}")
-        return
-    if labels is None:
+        return None
+    if found is None:
         r.error(m, "labels", p, f"{mc.labels}: labels file not found")
-    elif model is not None and len(labels) != model.num_outputs:
-        r.error(m, "labels", p, f"{mc.labels} has {len(labels)} labels but the model has {model.num_outputs} outputs")
+    return found
+
+
+def _check_route_labels(r: Reader, m: Any, route: RouteConfig, mc: ModelConfig, labels: Optional[Labels],
+                        model: Model) -> None:
+    """classify and detect name what they found by the labels; a classifier's must fit its outputs."""
+    p = f"models.{mc.name}"
+    if route.kind not in (CLASSIFY, DETECT) or not r.ok(f"{p}.labels"):
+        return
+    if mc.labels is None:
+        r.error(m, "labels", p, f"required: route {route.name!r} (output.kind {route.kind}) names what it finds by them")
+    elif labels is not None and route.kind == CLASSIFY:
+        fits = len(labels.names) <= model.num_outputs if labels.by_id else labels.count == model.num_outputs
+        if not fits:
+            given = f"ids up to {len(labels.names) - 1}" if labels.by_id else f"{labels.count} labels"
+            r.error(m, "labels", p, f"{mc.labels} has {given} but the model has {model.num_outputs} outputs")
 
 
 def _check_route_shape(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> None:
@@ -87,11 +109,39 @@ def _check_route_shape(r: Reader, m: Any, p: str, route: RouteConfig, model: Mod
     except ValueError as exc:
         r.error(m, "preprocess", p, str(exc))
         return
+    if shape == model.sample_shape[:-1] and model.sample_shape[-1:] == (1,) and route.input.format == "image":
+        return  # a grayscale picture [H, W] for a model that takes [H, W, 1]: the decoder adds the axis
     if shape != model.sample_shape:
         r.error(m, "input", p, f"shape {list(route.input.shape)} becomes {list(shape)} after "
                 f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
-    if route.top_k > model.num_outputs and r.ok(f"{p}.output"):
-        r.error(m, "output", p, f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
+
+
+def _check_kind(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> None:
+    """The route's output kind fits the model's outputs."""
+    o = m.get("output") if isinstance(m, dict) else None
+    where = o if isinstance(o, dict) and o else m
+    key = "kind" if where is o else "output"
+    outputs = ", ".join(f"{spec.name} {list(spec.shape)}" for spec in model.outputs)
+    if route.kind == CLASSIFY and len(model.outputs) != 1:
+        r.error(where, key, f"{p}.output" if where is o else p,
+                f"kind classify needs a model with one output; {route.model!r} has {len(model.outputs)} "
+                f"({outputs}): {_suggestion(model)}")
+    elif route.kind == CLASSIFY and route.top_k > model.num_outputs:
+        r.error(where, key, f"{p}.output" if where is o else p,
+                f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
+    elif route.kind == DETECT and detector_layout(model.outputs) is None:
+        r.error(where, key, f"{p}.output" if where is o else p,
+                f"kind detect needs an SSD model (boxes [1, N, 4], classes, scores, count) or a YOLO model "
+                f"(one [1, 4+C, N] output); {route.model!r} has {outputs}")
+    elif route.kind == ANOMALY and model.num_outputs != model.input.sample_size:
+        r.error(where, key, f"{p}.output" if where is o else p,
+                f"kind anomaly needs an autoencoder, whose output has the input's {model.input.sample_size} "
+                f"values; {route.model!r} has {outputs}")
+
+
+def _suggestion(model: Model) -> str:
+    kind, looks = guess_kind(model.interface)
+    return f"it looks like {looks}" + (f" (output.kind: {kind})" if kind else "")
 
 
 def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig) -> None:

@@ -20,9 +20,11 @@ from daemon.config.escalate import read_escalate
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
-from daemon.config.schema import (COALESCE_CHOICES, DEFAULT_MAX_BYTES, DEFAULT_TOP_K, INPUT_DTYPES, INPUT_FORMATS,
-                                  MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, BatchingConfig, CacheConfig, Config,
-                                  InputConfig, MetricsConfig, ModelConfig, RouteConfig, WorkersConfig)
+from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
+                                  DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
+                                  INPUT_DTYPES, INPUT_FORMATS, MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
+                                  RESIZE_MODES, STRETCH, BatchingConfig, CacheConfig, Config, InputConfig,
+                                  MetricsConfig, ModelConfig, RouteConfig, WorkersConfig)
 from daemon.errors import ConfigError
 from daemon.model.runtime import RUNTIME_CHOICES
 
@@ -75,13 +77,15 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
     out = {}
     for name, m in models.items():
         p = f"models.{name}"
-        m = r.section(models, name, ("path", "labels", "sha256"), path=p, required=True)
+        m = r.section(models, name, ("path", "labels", "sha256", "threads"), path=p, required=True)
         model_path = r.get(m, "path", p, str, "", required=True)
-        labels = r.get(m, "labels", p, str, "", required=True)
+        labels = r.get(m, "labels", p, (str, type(None)), None)
         digest = r.get(m, "sha256", p, (str, type(None)), None)
         if digest is not None and (len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest)):
             r.error(m, "sha256", p, "must be 64 hex digits")
-        out[str(name)] = ModelConfig(str(name), base / model_path, base / labels, digest)
+        threads = r.get(m, "threads", p, int, DEFAULT_THREADS, minimum=1)
+        out[str(name)] = ModelConfig(str(name), base / model_path, None if labels is None else base / labels,
+                                     digest, threads)
     return out
 
 
@@ -106,8 +110,8 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
     captures = topics.wildcard_count(subscribe) if r.ok(f"{p}.subscribe") else None
     if publish and (err := topics.template_error(publish, captures)):
         r.error(m, "publish", p, err)
-    output = r.section(m, "output", ("top_k",), path=f"{p}.output")
-    gate = r.section(m, "validate", ("data", "min_accuracy"), path=f"{p}.validate")
+    output = _read_output(r, m, p)
+    gate = r.section(m, "validate", ("data", "min_accuracy", "min_roc_auc", "max_mae"), path=f"{p}.validate")
     data = r.get(gate, "data", f"{p}.validate", str, None, required=bool(gate))
     if data is not None and not (base / data).is_file():
         r.error(gate, "data", f"{p}.validate", f"{base / data}: file not found")
@@ -117,15 +121,42 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         model=r.get(m, "model", p, str, "", required=True),
         input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
         preprocess=read_steps(r, m, p),
-        top_k=r.get(output, "top_k", f"{p}.output", int, DEFAULT_TOP_K, minimum=1),
         publish=publish,
         validate_data=None if data is None else base / data,
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
+        min_roc_auc=r.get(gate, "min_roc_auc", f"{p}.validate", float, 0.0, minimum=0),
+        max_mae=r.get(gate, "max_mae", f"{p}.validate", (int, float, type(None)), None, minimum=0),
+        **output,
         min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
         reuse=read_reuse(r, m, p),
         escalate=read_escalate(r, m, p, captures),
     )
+
+
+# Output keys that only one kind reads: given for another kind, they are a mistake worth naming.
+_KIND_KEYS = {"top_k": CLASSIFY, "min_score": DETECT, "max_results": DETECT, "threshold": ANOMALY}
+
+
+def _read_output(r: Reader, m: Mapping, p: str) -> dict:
+    """routes[i].output: the kind and the keys it reads, as RouteConfig fields."""
+    p = f"{p}.output"
+    o = r.section(m, "output", ("kind", *_KIND_KEYS), path=p)
+    kind = r.get(o, "kind", p, str, CLASSIFY, choices=OUTPUT_KINDS)
+    for key, owner in _KIND_KEYS.items():
+        if key in o and kind != owner and r.ok(f"{p}.kind"):
+            r.error(o, key, p, f"applies to kind {owner}, not {kind}")
+    return {
+        "kind": kind,
+        "top_k": r.get(o, "top_k", p, int, DEFAULT_TOP_K, minimum=1),
+        "min_score": float(r.get(o, "min_score", p, (int, float), DEFAULT_MIN_SCORE, minimum=0)),
+        "max_results": r.get(o, "max_results", p, int, DEFAULT_MAX_RESULTS, minimum=1),
+        "threshold": _optional_float(r.get(o, "threshold", p, (int, float, type(None)), None, minimum=0)),
+    }
+
+
+def _optional_float(value: Optional[float]) -> Optional[float]:
+    return None if value is None else float(value)
 
 
 def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
@@ -134,22 +165,20 @@ def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
         r.error(m, "shape", p, f"must be a non-empty list of positive integers, got {shape!r}")
         shape = []
     fmt = r.get(m, "format", p, str, "json", choices=INPUT_FORMATS)
-    if fmt == "image" and not _pillow_available():
-        r.error(m, "format", p, "'image' needs Pillow: pip install 'edge-inferd[image]'")
+    if fmt == "image" and shape and (len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3))):
+        r.error(m, "shape", p, f"an image route takes [height, width, 3] (RGB) or [height, width, 1] / "
+                f"[height, width] (grayscale), not {shape!r}")
+    for key in ("resize", "max_pixels"):
+        if key in m and fmt != "image" and r.ok(f"{p}.format"):
+            r.error(m, key, p, "applies to format image only")
     return InputConfig(
         format=fmt,
         shape=tuple(shape or ()),
         dtype=r.get(m, "dtype", p, str, "float32", choices=INPUT_DTYPES),
         max_bytes=r.get(m, "max_bytes", p, int, DEFAULT_MAX_BYTES, minimum=1),
+        resize=r.get(m, "resize", p, str, STRETCH, choices=RESIZE_MODES),
+        max_pixels=r.get(m, "max_pixels", p, int, DEFAULT_MAX_PIXELS, minimum=1),
     )
-
-
-def _pillow_available() -> bool:
-    try:
-        import PIL.Image  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:

@@ -23,6 +23,14 @@ INPUT_FORMATS = ("json", "raw", "npy", "image")
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MIN_STATS_INTERVAL_S = 0.1
+DEFAULT_THREADS = 1
+DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP camera frame fits with room to spare; a bomb claims far more
+STRETCH, LETTERBOX = "stretch", "letterbox"
+RESIZE_MODES = (STRETCH, LETTERBOX)
+CLASSIFY, DETECT, ANOMALY, VALUES = "classify", "detect", "anomaly", "values"
+OUTPUT_KINDS = (CLASSIFY, DETECT, ANOMALY, VALUES)
+DEFAULT_MIN_SCORE = 0.5
+DEFAULT_MAX_RESULTS = 10
 COALESCE_LATEST = "latest"
 COALESCE_CHOICES = (COALESCE_LATEST,)  # routes[].coalesce
 DEFAULT_TOP_K = 3
@@ -36,11 +44,15 @@ _HIDDEN = {"doc": False}
 class ModelConfig:
     name: str = field(metadata=_HIDDEN)  # the key under `models`
     path: Path
-    """The full-integer INT8 .tflite file."""
-    labels: Path
-    """One label per line, in output order."""
+    """The INT8 .tflite file: int8, uint8 or float32 in and out (`edge-inferd inspect` tells what it takes)."""
+    labels: Optional[Path] = None
+    """One label per line in output order, or `id label` lines (gaps allowed, as detectors ship
+    them). Required by `classify` and `detect` routes; optional for `anomaly` and `values`."""
     sha256: Optional[str] = None
     """When set, a file with another digest is refused before loading."""
+    threads: int = DEFAULT_THREADS
+    """Interpreter threads per worker: more cuts one large model's latency (a detector), at the
+    cost of the other workers' cores (`edge-inferd bench model` measures it)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,13 @@ class InputConfig:
     """Element type of raw payloads (json values are parsed as floats)."""
     max_bytes: int = DEFAULT_MAX_BYTES
     """Larger payloads are answered `too_large` before any decoding."""
+    resize: str = STRETCH
+    """image: how a picture of any size becomes `shape`'s height x width: `stretch` (each axis
+    scaled on its own) or `letterbox` (one scale, centred, padded). Boxes come back in the
+    sent picture's pixels either way."""
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    """image: a picture whose header claims more pixels (width x height) is answered `too_large`
+    before it is decoded (a decompression bomb never reaches memory)."""
 
 
 @dataclass(frozen=True)
@@ -68,13 +87,27 @@ class RouteConfig:
     preprocess: tuple = field(metadata={"doc_default": "`[]`", "doc_type": "list of steps"})
     """Steps from `daemon.preprocess`, applied in order (see Preprocess steps below)."""
     top_k: int = field(metadata={"yaml": "output.top_k", "doc_default": DEFAULT_TOP_K})
-    """How many (label, score) pairs a result lists."""
+    """classify: how many (label, score) pairs a result lists."""
     publish: str
     """Reply topic template: {1}, {2}, ... are the filter's '+' captures, {topic} the request topic."""
+    kind: str = field(default=CLASSIFY, metadata={"yaml": "output.kind"})
+    """What the model's outputs become in a reply: `classify` (label, score, top_k), `detect`
+    (boxes of an SSD or YOLO detector), `anomaly` (an autoencoder's reconstruction error) or
+    `values` (the dequantized outputs by name, for regressors and anything else)."""
+    min_score: float = field(default=DEFAULT_MIN_SCORE, metadata={"yaml": "output.min_score"})
+    """detect: detections scoring below this are left out."""
+    max_results: int = field(default=DEFAULT_MAX_RESULTS, metadata={"yaml": "output.max_results"})
+    """detect: at most this many detections, best first."""
+    threshold: Optional[float] = field(default=None, metadata={"yaml": "output.threshold"})
+    """anomaly: a reconstruction error above this is `"anomaly": true` (null: the score only)."""
     validate_data: Optional[Path] = field(default=None, metadata={"yaml": "validate.data"})
     """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
     min_accuracy: float = field(default=0.0, metadata={"yaml": "validate.min_accuracy"})
-    """The gate: top-1 accuracy on `validate.data` at least this."""
+    """The gate of a `classify` route: top-1 accuracy on `validate.data` at least this."""
+    min_roc_auc: float = field(default=0.0, metadata={"yaml": "validate.min_roc_auc"})
+    """The gate of an `anomaly` route: ROC-AUC on `validate.data` (y: 0 normal, 1 anomalous) at least this."""
+    max_mae: Optional[float] = field(default=None, metadata={"yaml": "validate.max_mae"})
+    """The gate of a `values` route: mean absolute error on `validate.data` (y: the targets) at most this."""
     min_interval_ms: float = 0.0
     """Per device (= request topic): a request sooner than this after the device's last admitted
     one is answered `rate_limited` at once, without inference. 0: no limit."""

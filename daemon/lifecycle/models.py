@@ -28,7 +28,7 @@ def load_models(config: Config, pins: Mapping[str, str], names: Optional[frozens
         if names is not None and name not in names:
             continue
         model = open_model(config, name, max_batch=1, sha256=pins.get(name))
-        models[name] = ModelInfo(model.sha256, file_sha256(mc.labels))  # the interpreter goes: workers have theirs
+        models[name] = ModelInfo(model.sha256, file_sha256(mc.labels) if mc.labels else "", model.interface)  # the interpreter goes: workers have theirs
         logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
                     model.sha256[:12], list(model.input.shape))
     return models

@@ -59,7 +59,7 @@ class Plan:
 def fingerprint(config: Config, name: str) -> tuple[str, str]:
     """sha256 of a model's file and of its labels file."""
     mc = config.models[name]
-    return file_sha256(mc.path), file_sha256(mc.labels)
+    return file_sha256(mc.path), file_sha256(mc.labels) if mc.labels else ""
 
 
 def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Plan:

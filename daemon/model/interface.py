@@ -147,3 +147,72 @@ def _tensor_details(interp: Any) -> list[dict]:
         return list(interp.get_tensor_details())
     except (AttributeError, RuntimeError, ValueError):
         return [*interp.get_input_details(), *interp.get_output_details()]
+
+
+# --- The kind of model, read from its outputs: what `check-config` and `inspect` go by ---
+
+SSD, YOLO = "ssd", "yolo"
+_BOX_COORDS = 4  # x/y pairs of a box, in every detector layout
+_YOLO_MIN_ROWS = _BOX_COORDS + 1  # four box values and at least one class score
+
+
+@dataclass(frozen=True)
+class SsdOutputs:
+    """Which output is which in a TFLite_Detection_PostProcess model (its order varies by converter)."""
+
+    boxes: int
+    classes: int
+    scores: int
+    count: int
+
+
+def ssd_outputs(outputs: tuple[TensorSpec, ...]) -> Optional[SsdOutputs]:
+    """The four outputs of an SSD detector (boxes [1, N, 4], classes and scores [1, N], count [1]),
+    or None. Classes and scores share a shape: their names decide when they say, else the
+    post-process op's own order (boxes, classes, scores, count)."""
+    if len(outputs) != 4:
+        return None
+    boxes = [i for i, o in enumerate(outputs) if len(o.shape) == 3 and o.shape[2] == _BOX_COORDS]
+    count = [i for i, o in enumerate(outputs) if o.sample_size == 1]
+    rows = [i for i, o in enumerate(outputs) if len(o.shape) == 2 and o.sample_size > 1]
+    if len(boxes) != 1 or len(count) != 1 or len(rows) != 2:
+        return None
+    n = outputs[boxes[0]].shape[1]
+    if any(outputs[i].shape[1] != n for i in rows):
+        return None
+    named = [i for i in rows if "class" in outputs[i].name.lower()]
+    classes = named[0] if len(named) == 1 else rows[0]
+    scores = rows[1] if classes == rows[0] else rows[0]
+    return SsdOutputs(boxes[0], classes, scores, count[0])
+
+
+def yolo_output(outputs: tuple[TensorSpec, ...]) -> bool:
+    """One output [1, 4 + C, N] or [1, N, 4 + C]: box centre and size, then C class scores."""
+    if len(outputs) != 1 or len(outputs[0].shape) != 3 or outputs[0].shape[0] != 1:
+        return False
+    small, large = sorted(outputs[0].shape[1:])
+    return small >= _YOLO_MIN_ROWS and large > small
+
+
+def detector_layout(outputs: tuple[TensorSpec, ...]) -> Optional[str]:
+    if ssd_outputs(outputs) is not None:
+        return SSD
+    return YOLO if yolo_output(outputs) else None
+
+
+def guess_kind(interface: Interface) -> tuple[str, str]:
+    """(output kind to serve it with, what it looks like), from its tensors alone."""
+    if interface.stateful:
+        return "", "a stateful streaming model: not supported"
+    layout = detector_layout(interface.outputs)
+    if layout == SSD:
+        return "detect", "an SSD object detector (TFLite_Detection_PostProcess: boxes, classes, scores, count)"
+    if layout == YOLO:
+        return "detect", "a YOLO-style object detector (one [1, 4+C, N] tensor, decoded with per-class NMS)"
+    if len(interface.outputs) == 1 and interface.inputs:
+        out, inp = interface.outputs[0], interface.inputs[0]
+        if out.sample_size == inp.sample_size and out.sample_size > 1:
+            return "anomaly", "an autoencoder (its output reconstructs its input)"
+        if len(out.sample_shape) == 1 and out.sample_size > 1:
+            return "classify", f"a classifier over {out.sample_size} classes"
+    return "values", "a regressor or other model: its outputs are served as values"

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from daemon.model.interface import TensorSpec
+from daemon.model.interface import Interface, TensorSpec
 from daemon.model.runtime import Model, to_input
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class ModelInfo:
 
     sha256: str
     labels_sha256: str
+    interface: Optional[Interface] = None
+    """Its tensors, for the routes' post-processing (daemon/pipeline/postprocess.py)."""
 
     @property
     def fingerprint(self) -> tuple[str, str]:

@@ -19,6 +19,7 @@ import orjson
 
 from daemon.config.schema import InputConfig
 from daemon.errors import BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, PayloadError
+from daemon.pipeline.geometry import Geometry
 
 _NUMERIC_KINDS = "fiu"
 _PIL_MODES = {2: "L", 3: "RGB"}  # decoded image ndim -> Pillow mode
@@ -34,6 +35,7 @@ class Decoded:
     request_id: Any
     data: np.ndarray  # float32, exactly the route's input shape
     timeout_ms: Optional[float] = None  # JSON requests may bound their own wait
+    geometry: Optional[Geometry] = None  # an image: where the sent picture lies in the model's input
 
 
 NOT_FINITE = "data contains NaN or infinity, or values beyond float32"

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from daemon.cache.cache_key import make_key
+from daemon.config.schema import CLASSIFY
 from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import CacheEntry, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
@@ -41,23 +42,34 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
     fresh: list[CacheEntry] = []
     if decoded:
         rows = [requests[i] for i, _ in decoded]
-        scores, cached, reused, fresh = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
+        scores, cached, reused, fresh, x = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
         now = clock()
-        orders = np.argsort(-scores, axis=1, kind="stable")  # one sort for the batch, not one per reply
+        classify = pipe.route.kind == CLASSIFY
+        orders = np.argsort(-scores, axis=1, kind="stable") if classify else None  # one sort per batch
         for row, (i, d) in enumerate(decoded):
             replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
-                                          (now - requests[i].received_at) * 1000.0, orders[row],
-                                          None if reuse is None else reused[row])
+                                          (now - requests[i].received_at) * 1000.0,
+                                          orders[row] if classify else None,
+                                          None if reuse is None else reused[row], x[row], d.geometry)
         stages["postprocess"] = clock() - now
     return Outcome(replies, fresh, stages)
 
 
 def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
           reuse: Optional[ReuseState], clock: Clock,
-          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
-    """Scores for the rows (sensor units): reused per device, else from the cache or the model."""
+          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry], np.ndarray]:
+    """Outputs for the rows (sensor units): reused per device, else from the cache or the model;
+    and the rows as the model takes them, in real values (an autoencoder's score needs them)."""
     mark = clock()
     x = pipe.preprocess(x)
+    scores, cached, reused, fresh = _outputs(pipe, x, rows, model, cache, reuse, clock, mark, stages)
+    return scores, cached, reused, fresh, x
+
+
+def _outputs(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner,
+             cache: Optional[ScoreCache], reuse: Optional[ReuseState], clock: Clock, mark: float,
+             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+    """Outputs, whether each came from the cache, whether each was reused, and what to cache."""
     if reuse is not None and len(rows) > 1 and not reuse.in_batch(model.cost_per_sample_s):
         reuse.forget([r.device for r in rows])  # a cheap model: in a batch, reuse costs more than it saves
         reuse = None
@@ -66,7 +78,7 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     found = None if reuse is None else reuse.match([r.device for r in rows], x, pipe.model_sha256, mark)
     todo = None if found is None else [row for row, hit in enumerate(found) if hit is None]
     if todo is None or len(todo) == len(rows):  # no reuse, or no hit: no gather or scatter
-        q = model.quantize(x)
+        q = model.quantize(x, pipe.pixels_as_is)
         stages["preprocess"] = clock() - mark
         scores, cached, fresh = _scores(pipe, q, model, cache)
     else:
@@ -91,7 +103,7 @@ def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, ca
         stages["preprocess"] = clock() - mark
         stages["infer"] = 0.0
         return hit[None], [False], [True], []
-    q = model.quantize(x)
+    q = model.quantize(x, pipe.pixels_as_is)
     stages["preprocess"] = clock() - mark
     scores, cached, fresh = _scores(pipe, q, model, cache)
     now = clock()
@@ -104,7 +116,7 @@ def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, m
              cache: Optional[ScoreCache], clock: Clock, mark: float,
              stages: dict) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
     """Some rows reused: the others (`todo`) are gathered, quantized and scored, then all are scattered back."""
-    q = model.quantize(x[todo]) if todo else None
+    q = model.quantize(x[todo], pipe.pixels_as_is) if todo else None
     stages["preprocess"] = clock() - mark
     scores, cached = np.empty((len(found), model.num_outputs), dtype=np.float32), [False] * len(found)
     fresh: list[CacheEntry] = []

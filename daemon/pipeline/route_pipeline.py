@@ -14,10 +14,15 @@ from daemon.config.model_files import read_labels
 from daemon.config.schema import Config, RouteConfig
 from daemon.errors import ModelError
 from daemon.model import preprocess
-from daemon.pipeline import codecs
+from daemon.model.interface import Interface
+from daemon.pipeline import codecs, postprocess
+from daemon.pipeline.geometry import Geometry
+from daemon.pipeline.postprocess import ModelOutputs
 
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
+# The layout of a classifier's one output, for pipelines built without the model (unit tests).
+_ONE_OUTPUT = ModelOutputs(("scores",), ((-1,),), (0, -1), (1, 1))
 
 Clock = Callable[[], float]
 CacheEntry = tuple[str, np.ndarray]
@@ -27,6 +32,7 @@ class Digested(Protocol):
     """A loaded model, or what start-up keeps of one (daemon.model.residency.ModelInfo)."""
 
     sha256: str
+    interface: Interface
 
 
 class Runner(Protocol):
@@ -35,7 +41,7 @@ class Runner(Protocol):
     cost_per_sample_s: float
     num_outputs: int
 
-    def quantize(self, batch: np.ndarray) -> np.ndarray: ...
+    def quantize(self, batch: np.ndarray, as_is: bool = False) -> np.ndarray: ...
     def infer_quantized(self, q: np.ndarray) -> np.ndarray:
         """A new array, the caller's to keep: the reuse fast path remembers a single row as is."""
         ...
@@ -87,12 +93,25 @@ class RoutePipeline:
     route: RouteConfig
     model_sha256: str
     labels: tuple[str, ...]
+    """By output index (or class id); an index past them is named by its number."""
+    outputs: Optional[ModelOutputs] = None
+    """Where each of the model's outputs lies in its flat row (None: one output, a classifier's)."""
+    pixels_as_is: bool = False
+    """A uint8 image model fed the decoded pixels themselves (no preprocess steps), not quantized."""
     escalate_to: Optional["RoutePipeline"] = None
     """`escalate.to_model`: the same route on the heavier model (daemon/serve/cascade.py)."""
 
     @classmethod
-    def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str]) -> "RoutePipeline":
-        return cls(route, model_sha256, tuple(labels))
+    def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str],
+              interface: Optional[Interface] = None) -> "RoutePipeline":
+        if interface is None:
+            return cls(route, model_sha256, tuple(labels))
+        as_is = (route.input.format == "image" and not route.preprocess
+                 and interface.inputs[0].dtype == np.uint8)
+        return cls(route, model_sha256, tuple(labels), ModelOutputs.of(interface), as_is)
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if 0 <= index < len(self.labels) else str(index)
 
     def decode(self, payload: bytes, check_finite: bool = True) -> codecs.Decoded:
         return codecs.decode(payload, self.route.input, check_finite)
@@ -102,24 +121,18 @@ class RoutePipeline:
         return preprocess.apply_steps(self.route.preprocess, batch)
 
     def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,
-                    order: Optional[np.ndarray] = None, reused: Optional[bool] = None) -> dict:
-        """One score vector (and its descending order, when the caller sorted a batch) -> a result."""
-        if order is None:
-            order = np.argsort(-scores, kind="stable")
-        top = order[: self.route.top_k]
-        best = int(order[0])
-        reply = {
-            "id": request_id,
-            "route": self.route.name,
-            "model": self.route.model,
-            "model_sha256": self.model_sha256[:SHA_PREFIX],
-            "label": self.labels[best],
-            "index": best,
-            "score": round(float(scores[best]), 6),
-            "top_k": [{"label": self.labels[int(i)], "score": round(float(scores[i]), 6)} for i in top],
-            "cached": cached,
-            "latency_ms": round(latency_ms, 3),
-        }
+                    order: Optional[np.ndarray] = None, reused: Optional[bool] = None,
+                    x: Optional[np.ndarray] = None, geometry: Optional[Geometry] = None) -> dict:
+        """One row of outputs (and its descending order, when the caller sorted a batch of
+        classifier scores) -> a result. `x` and `geometry`: see postprocess.fields."""
+        reply = {"id": request_id, "route": self.route.name, "model": self.route.model,
+                 "model_sha256": self.model_sha256[:SHA_PREFIX]}
+        if self.outputs is None:  # a classifier built without its model's interface (unit tests)
+            reply.update(postprocess.fields(self.route, self.label, _ONE_OUTPUT, scores, order))
+        else:
+            reply.update(postprocess.fields(self.route, self.label, self.outputs, scores, order, x, geometry))
+        reply["cached"] = cached
+        reply["latency_ms"] = round(latency_ms, 3)
         if reused is not None:  # only on routes with `reuse` configured
             reply["reused"] = reused
         return reply
@@ -136,9 +149,9 @@ def route_pipeline(config: Config, route: RouteConfig, model: Digested) -> Route
     """The route's pipeline with its model's labels: the one place a labels file becomes a pipeline."""
     mc = config.models[route.model]
     labels = read_labels(mc.labels)
-    if labels is None:
+    if labels is None and mc.labels is not None:
         raise ModelError(mc.labels, "labels file not found")
-    return RoutePipeline.build(route, model.sha256, labels)
+    return RoutePipeline.build(route, model.sha256, labels.names if labels else (), model.interface)
 
 
 def route_pipelines(config: Config, models: Mapping[str, Digested]) -> list[RoutePipeline]:

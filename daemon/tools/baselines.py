@@ -63,7 +63,8 @@ def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[
     scripts/profile_worker.py times this same function against the daemon's worker path."""
     config, route = _route(config_path, route_name)
     model = Model(config.models[route.model].path)
-    labels = read_labels(config.models[route.model].labels) or []
+    found = read_labels(config.models[route.model].labels)
+    labels = found.names if found else ()
 
     def answer(payload: bytes) -> str:
         req = json.loads(payload)

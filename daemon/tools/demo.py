@@ -140,7 +140,8 @@ def _route_runs(config: Config, limit: int) -> dict[str, RouteRun]:
             x, y = npz["x"], npz["y"]
         if limit:
             x, y = x[:limit], y[:limit]
-        runs[route.name] = RouteRun(route, x, y, read_labels(mc.labels) or [])
+        labels = read_labels(mc.labels)
+        runs[route.name] = RouteRun(route, x, y, list(labels.names) if labels else [])
     return runs
 
 

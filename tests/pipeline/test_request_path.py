@@ -28,7 +28,7 @@ class FakeModel:
         self.calls: list[int] = []
         self.seen: list[np.ndarray] = []
 
-    def quantize(self, batch: np.ndarray) -> np.ndarray:
+    def quantize(self, batch: np.ndarray, as_is: bool = False) -> np.ndarray:
         self.seen.append(batch)
         return np.round(batch * 10).astype(np.int8)
 

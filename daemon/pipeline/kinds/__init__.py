@@ -1,0 +1,1 @@
+"""Output kinds: what a model's dequantized outputs become in a reply."""
