@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: ./scripts/test.sh [pytest args]
 # Installs what it needs itself: .venv (runtime + pytest), mosquitto, and .venv-tflite
-# (tflite-runtime with numpy<2) for the backend parity tests.
+# (tflite-runtime with numpy<2) for the backend parity tests, and the real third-party models
+# the tests run (scripts/fetch_test_models.sh: once, into .cache/test-models; checked after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -12,5 +13,8 @@ if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskca
     .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.1,<3' 'orjson>=3.9'
 fi
 export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
+
+./scripts/fetch_test_models.sh .cache/test-models
+export EDGE_INFERD_TEST_MODELS="$PWD/.cache/test-models"
 
 exec .venv/bin/python -m pytest "$@"
