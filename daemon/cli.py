@@ -135,12 +135,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from daemon.config.loader import load_config
-    from daemon.pipeline.evaluate import validate
+    from daemon.pipeline.evaluate import Gate, validate
 
     config = load_config(args.config)
-    report, ok = validate(config, args.route, args.data, args.float_model, args.max_drop, args.min_accuracy)
+    gate = Gate(args.min_accuracy, args.min_roc_auc, args.max_mae, args.fpr, args.max_drop)
+    report, ok = validate(config, args.route, args.data, args.float_model, gate)
     print(json.dumps(report))
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from daemon.model.inspection import report
+
+    text, servable = report(args.model, args.runtime)
+    print(text)
+    return EXIT_OK if servable else EXIT_FAIL
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -194,7 +203,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if run_demo(args.config, limit=args.limit, quiet=args.quiet, verbose=args.verbose) else EXIT_FAIL
 
 
-_COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_validate, "bench": _cmd_bench,
+_COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_validate, "inspect": _cmd_inspect,
+             "bench": _cmd_bench,
              "status": _cmd_status, "demo": _cmd_demo}
 
 

@@ -38,6 +38,7 @@ def build() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_check(sub)
     _add_validate(sub)
+    _add_inspect(sub)
     _add_bench(sub)
     _add_status(sub)
     _add_demo(sub)
@@ -104,10 +105,12 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_validate(sub: argparse._SubParsersAction) -> None:
-    val = _command(sub, "validate", "accuracy of a route's whole pipeline on labelled data", (
+    val = _command(sub, "validate", "how well a route's whole pipeline does on labelled data", (
         "Run a route's whole pipeline (decode, preprocess, quantize, infer) on x of an .npz and\n"
-        "compare with its integer labels y. Prints one JSON object (accuracy, n, model_sha256);\n"
-        "exits 1 below --min-accuracy, or more than --max-drop below the --float model."),
+        "compare with y, by the route's output kind: classify -> accuracy against integer labels;\n"
+        "anomaly -> ROC-AUC against 0 normal / 1 anomalous and the threshold at --fpr; values ->\n"
+        "MAE and RMSE against the targets. Prints one JSON object (with n, model_sha256); exits 1\n"
+        "below the gate (--min-accuracy, --min-roc-auc, --max-mae, or --max-drop below --float)."),
         example="edge-inferd validate --config config.yaml --route activity --data models/activity/test.npz")
     _add_service_config(val)
     val.add_argument("--route", required=True, metavar="NAME", help="the route's name in the config")
@@ -116,7 +119,24 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     val.add_argument("--float", dest="float_model", type=Path, metavar="F.tflite",
                      help="float reference model: also report its accuracy and gate on the drop")
     val.add_argument("--max-drop", type=float, default=0.01, help="max accuracy drop vs --float (default 0.01)")
-    val.add_argument("--min-accuracy", type=float, default=0.0, help="fail below this accuracy (default 0)")
+    val.add_argument("--min-accuracy", type=float, default=0.0, help="classify: fail below this accuracy (default 0)")
+    val.add_argument("--min-roc-auc", type=float, default=0.0,
+                     help="anomaly (y: 0 normal, 1 anomalous): fail below this ROC-AUC (default 0)")
+    val.add_argument("--fpr", type=float, default=0.05,
+                     help="anomaly: report the threshold at this false-positive rate on the normals (default 0.05)")
+    val.add_argument("--max-mae", type=float, help="values (y: the targets): fail above this mean absolute error")
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    ins = _command(sub, "inspect", "what a .tflite model takes and gives, and a route that serves it", (
+        "Print each input and output of a model (name, dtype, shape, quantization, the real values\n"
+        "its integers stand for), its ops, the kind it looks like (classifier, SSD or YOLO detector,\n"
+        "autoencoder, stateful: not supported), any reason edge-inferd would refuse it, and a\n"
+        "models: + routes: snippet that check-config accepts."),
+        example="edge-inferd inspect models/activity/model.tflite")
+    ins.add_argument("model", type=Path, metavar="MODEL.tflite", help="the model file")
+    ins.add_argument("--runtime", default="auto", choices=("auto", "litert", "tflite"),
+                     help="the TFLite backend to read it with (default auto)")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

@@ -24,7 +24,13 @@ INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MIN_STATS_INTERVAL_S = 0.1
 DEFAULT_THREADS = 1
-DEFAULT_MAX_PIXELS = 40_000_000  # a 12 MP camera frame fits with room to spare; a bomb claims far more
+# Bound on width * height of a sent image. A 12 MP phone photo (4000x3000), a 24 MP camera
+# (6000x4000) and an 8K frame (33 MP) fit; a bomb's claim does not (PNG's IHDR and JPEG's SOF
+# allow 2^31 and 65535 squared). At the limit a JPEG is cheap (decoded at 1/8 scale: +8 MB,
+# 40 ms), a PNG is not: it cannot be decoded at reduced scale, and a 170 KB one of solid
+# RGBA costs +317 MB peak and 0.6 s here (Pillow keeps RGB in 4 bytes a pixel, and the
+# conversion is a second copy). A small gateway's route may want the limit lower.
+DEFAULT_MAX_PIXELS = 40_000_000
 STRETCH, LETTERBOX = "stretch", "letterbox"
 RESIZE_MODES = (STRETCH, LETTERBOX)
 CLASSIFY, DETECT, ANOMALY, VALUES = "classify", "detect", "anomaly", "values"

@@ -193,13 +193,7 @@ class Model:
 
     def _open(self, require_int8: bool) -> tuple[Any, Interface]:
         """The first interpreter and the model's interface; ModelError when it cannot be served."""
-        try:
-            with self._quiet():  # the XNNPACK delegate's INFO banner (see native_stderr.py)
-                interp = self._new_interpreter()
-                interp.allocate_tensors()
-            interface = read_interface(interp)
-        except (ValueError, RuntimeError) as exc:
-            raise ModelError(self.path, f"{self.backend} rejected the model: {_why(exc)}") from None
+        interp, interface = _allocated(self._new_interpreter, self._quiet(), self.path, self.backend)
         problems = interface.problems(require_int8)
         if problems:
             raise ModelError(self.path, f"cannot serve this model: it {problems[0]}")
@@ -336,3 +330,25 @@ def _why(exc: BaseException) -> str:
         return (f"{text.strip()} (the model needs an op this runtime does not have: an Edge TPU model "
                 "(*_edgetpu.tflite) needs its CPU version)")
     return text
+
+
+def _allocated(new_interpreter: Callable[[], Any], quiet: AbstractContextManager, path: Path,
+               backend: str) -> tuple[Any, Interface]:
+    """A new interpreter with its tensors allocated, and its interface; ModelError if the runtime refuses."""
+    try:
+        with quiet:  # the XNNPACK delegate's INFO banner (see native_stderr.py)
+            interp = new_interpreter()
+            interp.allocate_tensors()
+        return interp, read_interface(interp)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(path, f"{backend} rejected the model: {_why(exc)}") from None
+
+
+def open_interface(path: Path | str, backend: str = "auto") -> Interface:
+    """A model file's interface, whether or not the daemon can serve it (`edge-inferd inspect`)."""
+    path = Path(path)
+    data = _read_model(path)
+    name = resolve_backend(backend)
+    factory = _interpreter_class(name)
+    quiet = quiet_native_info() if name == "litert" else nullcontext()
+    return _allocated(lambda: factory(model_content=data), quiet, path, name)[1]

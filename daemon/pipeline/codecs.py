@@ -19,10 +19,10 @@ import orjson
 
 from daemon.config.schema import InputConfig
 from daemon.errors import BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, PayloadError
+from daemon.pipeline import images
 from daemon.pipeline.geometry import Geometry
 
 _NUMERIC_KINDS = "fiu"
-_PIL_MODES = {2: "L", 3: "RGB"}  # decoded image ndim -> Pillow mode
 # `scan_id` looks for the id only this far into a payload: it runs on paho's thread for
 # shed requests and must stay O(1). Clients put the id first; a later one reads as null.
 _ID_SCAN_BYTES = 256
@@ -49,14 +49,16 @@ def decode(payload: bytes, spec: InputConfig, check_finite: bool = True) -> Deco
     if len(payload) > spec.max_bytes:
         raise PayloadError(TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {spec.max_bytes}")
     timeout_ms = None
+    request_id: Any = None
     if spec.format == "json":
         request_id, array, timeout_ms = _decode_json(payload)
     elif spec.format == "raw":
-        request_id, array = None, _decode_raw(payload, spec)
+        array = _decode_raw(payload, spec)
     elif spec.format == "npy":
-        request_id, array = None, _decode_npy(payload)
+        array = _decode_npy(payload)
     else:
-        request_id, array = None, _decode_image(payload, spec)
+        array, geometry = _decode_image(payload, spec)
+        return Decoded(None, array.astype(np.float32), None, geometry)  # pixels are finite
     data = _conform(array, spec, request_id)
     if check_finite and not np.isfinite(data).all():
         raise PayloadError(BAD_PAYLOAD, NOT_FINITE, request_id)
@@ -128,20 +130,12 @@ def _decode_npy(payload: bytes) -> np.ndarray:
     return array
 
 
-def _decode_image(payload: bytes, spec: InputConfig) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError  # optional extra; config checks it is installed
-
-    mode = _PIL_MODES.get(len(spec.shape))
-    if mode is None or (mode == "RGB" and spec.shape[2] != 3):
-        raise PayloadError(BAD_SHAPE, f"an image route needs shape [H, W] or [H, W, 3], not {list(spec.shape)}")
-    try:
-        with Image.open(io.BytesIO(payload)) as img:
-            if (img.height, img.width) != spec.shape[:2]:
-                raise PayloadError(BAD_SHAPE, f"image is {img.height}x{img.width}; the route expects "
-                                   f"{spec.shape[0]}x{spec.shape[1]}")
-            return np.asarray(img.convert(mode))
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise PayloadError(BAD_PAYLOAD, f"not a readable image: {exc}") from None
+def _decode_image(payload: bytes, spec: InputConfig) -> tuple[np.ndarray, Geometry]:
+    """A JPEG or PNG of any size -> the route's [H, W, C] (or [H, W]) pixels, and where it lies."""
+    height, width = spec.shape[:2]
+    channels = spec.shape[2] if len(spec.shape) == 3 else 1
+    pixels, geometry = images.decode_image(payload, height, width, channels, spec.resize, spec.max_pixels)
+    return pixels.reshape(spec.shape), geometry
 
 
 def _conform(array: np.ndarray, spec: InputConfig, request_id: Any) -> np.ndarray:

@@ -7,14 +7,17 @@ are the daemon's numbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from daemon.config.schema import Config, RouteConfig
+from daemon.config.schema import ANOMALY, CLASSIFY, VALUES, Config, RouteConfig
 from daemon.config.model_files import open_model
 from daemon.errors import DaemonError
+from daemon.pipeline import scoring
+from daemon.pipeline.kinds import anomaly
 from daemon.pipeline.route_pipeline import RoutePipeline, route_pipeline
 from daemon.model.runtime import Model
 
@@ -22,6 +25,8 @@ from daemon.model.runtime import Model
 _EVAL_BATCH = 64
 # Tolerance for comparing accuracies that are ratios of small integers.
 _EPS = 1e-9
+# The false-positive rate on normal samples at which `validate` reports an anomaly threshold.
+DEFAULT_FPR = 0.05
 
 
 def find_route(config: Config, name: str) -> RouteConfig:
@@ -33,7 +38,8 @@ def find_route(config: Config, name: str) -> RouteConfig:
 
 
 def load_split(path: Path | str, route: RouteConfig) -> tuple[np.ndarray, np.ndarray]:
-    """x (N, *route.input.shape) and y (N,) ints from an .npz file, checked."""
+    """x (N, *route.input.shape) and y (N, ...) from an .npz file, checked: integer labels
+    (classify), 0 normal / 1 anomalous (anomaly) or the target values (values)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             x, y = data["x"], data["y"]
@@ -41,42 +47,97 @@ def load_split(path: Path | str, route: RouteConfig) -> tuple[np.ndarray, np.nda
         raise DaemonError(f"--data: {path}: file not found") from None
     except (KeyError, ValueError, OSError) as exc:
         raise DaemonError(f"--data: {path}: expected an .npz with arrays 'x' and 'y' ({exc})") from None
-    if x.shape[1:] != route.input.shape or y.shape != (x.shape[0],):
+    rows_ok = y.ndim >= 1 and y.shape[0] == x.shape[0] and (route.kind == VALUES or y.ndim == 1)
+    if x.shape[1:] != route.input.shape or not rows_ok:
         raise DaemonError(f"--data: {path}: x {list(x.shape)} / y {list(y.shape)} do not fit route "
                           f"{route.name!r} input {list(route.input.shape)}")
-    return x.astype(np.float32), y.astype(np.int64)
+    return x.astype(np.float32), (y.astype(np.float32) if route.kind == VALUES else y.astype(np.int64))
+
+
+def outputs(pipe: RoutePipeline, model: Model, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample through the route's pipeline (no cache): the model's output rows, and its
+    real-valued inputs (what an autoencoder reconstructs)."""
+    rows, inputs = [], []
+    for start in range(0, len(x), _EVAL_BATCH):
+        pre = pipe.preprocess(x[start : start + _EVAL_BATCH])
+        rows.append(model.infer_quantized(model.quantize(pre, pipe.pixels_as_is)))
+        inputs.append(pre.reshape(len(pre), -1))
+    return np.concatenate(rows), np.concatenate(inputs)
 
 
 def predict(pipe: RoutePipeline, model: Model, x: np.ndarray) -> np.ndarray:
     """Top-1 index per sample through the route's pipeline (no cache)."""
-    out = []
-    for start in range(0, len(x), _EVAL_BATCH):
-        scores = model.infer(pipe.preprocess(x[start : start + _EVAL_BATCH]))
-        out.extend(int(pipe.postprocess(s, None, False, 0.0)["index"]) for s in scores)
-    return np.array(out, dtype=np.int64)
+    rows, _ = outputs(pipe, model, x)
+    return np.argmax(rows, axis=1).astype(np.int64)  # argmax keeps the first of equal scores, as the replies do
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What `validate` holds a route to (the CLI's flags, or the route's own `validate:` keys)."""
+
+    min_accuracy: float = 0.0
+    min_roc_auc: float = 0.0
+    max_mae: Optional[float] = None
+    fpr: float = DEFAULT_FPR
+    max_drop: float = 0.01
 
 
 def validate(config: Config, route_name: str, data: Path | str, float_model: Optional[Path | str] = None,
-             max_drop: float = 0.01, min_accuracy: float = 0.0) -> tuple[dict, bool]:
-    """The report and whether it passes the gate (drop <= max_drop, accuracy >= min_accuracy)."""
+             gate: Gate = Gate()) -> tuple[dict, bool]:
+    """The report and whether it passes the gate of the route's kind."""
     route = find_route(config, route_name)
     model = open_model(config, route.model)
     pipe = route_pipeline(config, route, model)
     x, y = load_split(data, route)
+    report = {"route": route.name, "model": route.model, "kind": route.kind, "backend": model.backend,
+              "n": int(len(y)), "model_sha256": model.sha256}
+    if route.kind == ANOMALY:
+        ok = _anomaly(pipe, model, x, y, gate, report)
+    elif route.kind == VALUES:
+        ok = _values(pipe, model, x, y, gate, report)
+    elif route.kind == CLASSIFY:
+        ok = _classify(pipe, model, x, y, gate, report, config, float_model)
+    else:
+        raise DaemonError(f"--route: validate of kind {route.kind} takes no .npz set; check a detector's "
+                          "boxes on pictures with known content instead (docs/byo-model.md)")
+    report["passed"] = ok
+    return report, ok
+
+
+def _classify(pipe: RoutePipeline, model: Model, x: np.ndarray, y: np.ndarray, gate: Gate, report: dict,
+              config: Config, float_model: Optional[Path | str]) -> bool:
     pred = predict(pipe, model, x)
-    report = {"route": route.name, "model": route.model, "backend": model.backend, "n": int(len(y)),
-              "accuracy": round(float(np.mean(pred == y)), 6), "model_sha256": model.sha256}
-    ok = report["accuracy"] + _EPS >= min_accuracy
+    report["accuracy"] = round(float(np.mean(pred == y)), 6)
+    ok = report["accuracy"] + _EPS >= gate.min_accuracy
     if float_model is not None:
         reference = Model(float_model, backend=config.runtime, require_int8=False, xnnpack=config.xnnpack)
         float_pred = predict(pipe, reference, x)
         report["float_accuracy"] = round(float(np.mean(float_pred == y)), 6)
         report["drop"] = round(report["float_accuracy"] - report["accuracy"], 6)
         report["agreement"] = round(float(np.mean(float_pred == pred)), 6)
-        report["max_drop"] = max_drop
-        ok = ok and report["drop"] <= max_drop + _EPS
-    report["passed"] = ok
-    return report, ok
+        report["max_drop"] = gate.max_drop
+        ok = ok and report["drop"] <= gate.max_drop + _EPS
+    return ok
+
+
+def _anomaly(pipe: RoutePipeline, model: Model, x: np.ndarray, y: np.ndarray, gate: Gate, report: dict) -> bool:
+    rows, inputs = outputs(pipe, model, x)
+    scores = anomaly.anomaly_score(inputs, rows)
+    report["roc_auc"] = round(scoring.roc_auc(y, scores), 6)
+    threshold, fpr, tpr = scoring.threshold_at_fpr(y, scores, gate.fpr)
+    report.update({"threshold": round(threshold, 6), "fpr": round(fpr, 6), "tpr": round(tpr, 6),
+                   "target_fpr": gate.fpr})
+    return report["roc_auc"] + _EPS >= gate.min_roc_auc
+
+
+def _values(pipe: RoutePipeline, model: Model, x: np.ndarray, y: np.ndarray, gate: Gate, report: dict) -> bool:
+    rows, _ = outputs(pipe, model, x)
+    if rows.shape[1] != int(np.prod(y.shape[1:], dtype=np.int64)):
+        raise DaemonError(f"--data: y has {list(y.shape[1:])} values per sample; the model gives {rows.shape[1]}")
+    target = y.reshape(len(y), -1)
+    report["mae"] = round(scoring.mae(target, rows), 6)
+    report["rmse"] = round(scoring.rmse(target, rows), 6)
+    return gate.max_mae is None or report["mae"] <= gate.max_mae + _EPS
 
 
 def deep_check(config: Config) -> list[str]:
@@ -91,8 +152,16 @@ def deep_check(config: Config) -> list[str]:
     for i, route in enumerate(config.routes):
         if route.validate_data is None or any(p.startswith(f"models.{route.model}:") for p in problems):
             continue
-        report, ok = validate(config, route.name, route.validate_data, min_accuracy=route.min_accuracy)
+        gate = Gate(min_accuracy=route.min_accuracy, min_roc_auc=route.min_roc_auc, max_mae=route.max_mae)
+        report, ok = validate(config, route.name, route.validate_data, gate=gate)
         if not ok:
-            problems.append(f"routes[{i}].validate: accuracy {report['accuracy']:.4f} on {route.validate_data} "
-                            f"is below min_accuracy {route.min_accuracy}")
+            problems.append(f"routes[{i}].validate: {_shortfall(report, gate)} on {route.validate_data}")
     return problems
+
+
+def _shortfall(report: dict, gate: Gate) -> str:
+    if "roc_auc" in report:
+        return f"ROC-AUC {report['roc_auc']:.4f} is below min_roc_auc {gate.min_roc_auc}"
+    if "mae" in report:
+        return f"MAE {report['mae']:.6g} is above max_mae {gate.max_mae}"
+    return f"accuracy {report['accuracy']:.4f} is below min_accuracy {gate.min_accuracy}"

@@ -54,11 +54,11 @@ def test_validate_exits_1_below_the_gate():
 def test_validate_fails_the_gate_when_the_drop_exceeds_max_drop():
     """appliance's INT8 is 0.01 *above* float (0.86 vs 0.85): a max-drop of -0.02 must fail, -0.005 pass."""
     from daemon.config.loader import load_config
-    from daemon.pipeline.evaluate import validate
+    from daemon.pipeline.evaluate import Gate, validate
 
     config = load_config(ROOT / "config.yaml")
     model_dir = ROOT / "models/appliance"
     args = (config, "appliance", model_dir / "test.npz", model_dir / "model_float.tflite")
-    report, ok = validate(*args, max_drop=-0.02)
+    report, ok = validate(*args, gate=Gate(max_drop=-0.02))
     assert not ok and report["drop"] > -0.02
-    assert validate(*args, max_drop=-0.005)[1]
+    assert validate(*args, gate=Gate(max_drop=-0.005))[1]

@@ -148,9 +148,20 @@ def test_image_rgb_and_gray_decode_to_the_route_shape():
     assert gray.data.shape == (4, 6)
 
 
+def test_an_image_of_another_size_is_resized_and_says_where_it_lies():
+    decoded = codecs.decode(_png(np.zeros((5, 8, 3), np.uint8)), InputConfig(format="image", shape=(4, 6, 3)))
+    assert decoded.data.shape == (4, 6, 3) and decoded.request_id is None
+    assert (decoded.geometry.width, decoded.geometry.height) == (8, 5)
+    assert (decoded.geometry.input_width, decoded.geometry.input_height) == (6, 4)
+    boxed = codecs.decode(_png(np.zeros((8, 16, 3), np.uint8)),
+                          InputConfig(format="image", shape=(8, 8, 3), resize="letterbox"))
+    assert (boxed.geometry.scale_x, boxed.geometry.scale_y, boxed.geometry.pad_x, boxed.geometry.pad_y) == (0.5, 0.5, 0, 2)
+
+
 def test_bad_images():
-    assert _code(_png(np.zeros((5, 6, 3), np.uint8)), InputConfig(format="image", shape=(4, 6, 3))) == "bad_shape"
     assert _code(b"\x89PNG not really", InputConfig(format="image", shape=(4, 6))) == "bad_payload"
+    assert _code(_png(np.zeros((50, 60, 3), np.uint8)), InputConfig(format="image", shape=(4, 6, 3),
+                                                                    max_pixels=2999)) == "too_large"
 
 
 def test_an_encoded_reply_holds_no_more_memory_than_its_bytes():

@@ -1,0 +1,85 @@
+"""`edge-inferd inspect MODEL.tflite`: what a model takes and gives, and a route that serves it.
+
+For the user who has a file and no idea what it wants: each input and output (name, dtype,
+shape, quantization and the real values its integers stand for), the graph's ops, the kind
+the outputs look like, every reason the daemon would refuse it, and a `models:` + `routes:`
+snippet that `check-config` accepts once the labels file (when the kind needs one) exists.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from daemon.model.interface import Interface, TensorSpec, guess_kind
+from daemon.model.runtime import open_interface
+
+# Real input ranges that say how pixels 0..255 were scaled in training: (low, high) -> (mean, std).
+_PIXEL_SCALINGS = {(-1.0, 1.0): (127.5, 127.5), (0.0, 1.0): (0.0, 255.0)}
+_RANGE_TOLERANCE = 0.05
+_IMAGE_CHANNELS = (1, 3)
+_TOP_OPS = 8
+
+
+def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
+    """The report, and whether the daemon can serve the model."""
+    path = Path(path)
+    interface = open_interface(path, backend)
+    kind, looks = guess_kind(interface)
+    lines = [f"{path}", "", "inputs:"]
+    lines += [f"  {spec.describe()}" for spec in interface.inputs]
+    lines += ["outputs:"] + [f"  {spec.describe()}" for spec in interface.outputs]
+    ops = Counter(interface.ops)
+    if ops:
+        lines += ["ops: " + ", ".join(f"{name} x{n}" for name, n in ops.most_common(_TOP_OPS))
+                  + (f", ... ({len(ops)} kinds)" if len(ops) > _TOP_OPS else "")]
+    lines += ["", f"looks like: {looks}"]
+    problems = interface.problems()
+    if problems:
+        lines += ["", "edge-inferd cannot serve it:"] + [f"  - it {p}" for p in problems]
+        return "\n".join(lines), False
+    if not interface.batchable:
+        lines += ["batch: fixed at 1 (its batch dimension cannot change): each request runs alone"]
+    lines += ["", "a config that serves it (check it with edge-inferd check-config):", "",
+              snippet(path, interface, kind)]
+    return "\n".join(lines), True
+
+
+def _is_image(spec: TensorSpec) -> bool:
+    return len(spec.shape) == 4 and spec.shape[3] in _IMAGE_CHANNELS
+
+
+def _pixel_steps(spec: TensorSpec) -> list[str]:
+    """preprocess lines that turn pixels 0..255 into the model's real input values."""
+    if spec.dtype == np.uint8:
+        return []  # quantized vision models take the decoded pixels as they are
+    span = spec.real_range()
+    for (low, high), (mean, std) in _PIXEL_SCALINGS.items():
+        if span and abs(span[0] - low) < _RANGE_TOLERANCE * 2 and abs(span[1] - high) < _RANGE_TOLERANCE * 2:
+            return ["    preprocess:", f"      - normalize: {{mean: {mean}, std: {std}}}   # pixels -> {low:g}..{high:g}"]
+    return ["    preprocess: []   # scale pixels to the values the model was trained on (unknown from the file)"]
+
+
+def snippet(path: Path, interface: Interface, kind: str) -> str:
+    spec = interface.inputs[0]
+    stem = path.parent.name if path.stem == "model" and path.parent.name else path.stem
+    name = stem.replace("-", "_").replace(".", "_") or "model"
+    labelled = kind in ("classify", "detect")
+    lines = ["models:", f"  {name}:", f"    path: {path}"]
+    if labelled:
+        lines.append(f"    labels: {path.with_suffix('.labels.txt')}   # one label per line, or 'id label' lines")
+    lines += ["routes:", f"  - name: {name}", f"    subscribe: sensors/+/{name}", f"    model: {name}"]
+    if _is_image(spec):
+        height, width, channels = spec.shape[1:]
+        resize = ", resize: letterbox" if kind == "detect" else ""
+        lines.append(f"    input: {{format: image, shape: [{height}, {width}, {channels}], dtype: uint8{resize}}}")
+        lines += _pixel_steps(spec)
+    else:
+        lines.append(f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}")
+    output = {"classify": "{kind: classify, top_k: 3}", "detect": "{kind: detect, min_score: 0.5, max_results: 10}",
+              "anomaly": "{kind: anomaly, threshold: null}   # set it from `validate` (ROC-AUC, threshold at an FPR)",
+              "values": "{kind: values}"}[kind]
+    lines += [f"    output: {output}", f"    publish: results/{{1}}/{name}"]
+    return "\n".join(lines)
