@@ -150,6 +150,10 @@ def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig
     if esc is None:
         return
     e = m.get("escalate") if isinstance(m, dict) else None
+    if route.kind != CLASSIFY and r.ok(f"{p}.output"):
+        r.error(m, "escalate", p, f"applies to output.kind classify only (it escalates low top-1 scores), "
+                f"not {route.kind}")
+        return
     if esc.margin_below is not None and route.top_k < 2 and r.ok(f"{p}.output"):
         r.error(e, "when", f"{p}.escalate", "margin_below needs output.top_k of at least 2")
     if esc.to_topic is not None and not config.mqtt.is_v5 and r.ok(f"{p}.escalate.to_topic"):
