@@ -204,6 +204,10 @@ def guess_kind(interface: Interface) -> tuple[str, str]:
     """(output kind to serve it with, what it looks like), from its tensors alone."""
     if interface.stateful:
         return "", "a stateful streaming model: not supported"
+    if len(interface.outputs) == 1 and interface.inputs:
+        out, inp = interface.outputs[0], interface.inputs[0]
+        if out.sample_shape == inp.sample_shape and out.sample_size > 1:  # before YOLO: [1, 50, 6] is both
+            return "anomaly", "an autoencoder (its output reconstructs its input)"
     layout = detector_layout(interface.outputs)
     if layout == SSD:
         return "detect", "an SSD object detector (TFLite_Detection_PostProcess: boxes, classes, scores, count)"
@@ -212,7 +216,7 @@ def guess_kind(interface: Interface) -> tuple[str, str]:
     if len(interface.outputs) == 1 and interface.inputs:
         out, inp = interface.outputs[0], interface.inputs[0]
         if out.sample_size == inp.sample_size and out.sample_size > 1:
-            return "anomaly", "an autoencoder (its output reconstructs its input)"
+            return "anomaly", "an autoencoder (its output reconstructs its input, flattened)"
         if len(out.sample_shape) == 1 and out.sample_size > 1:
             return "classify", f"a classifier over {out.sample_size} classes"
     return "values", "a regressor or other model: its outputs are served as values"

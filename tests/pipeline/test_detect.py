@@ -1,4 +1,4 @@
-"""Detection post-processing (daemon/pipeline/kinds/detect.py): layouts, SSD and YOLO decoding,
+"""Detection post-processing (daemon/pipeline/kinds/detect.py): SSD and YOLO decoding,
 NMS and boxes mapped back to the sent image, against answers worked out by hand.
 
 Box coordinates in the YOLO tensors are multiples of 1/32, so every corner is exact in float64
@@ -12,38 +12,8 @@ from hypothesis import given, strategies as st
 
 from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.kinds.detect import (
-    DEFAULT_IOU, SSD, YOLO, Box, Detection, iou, layout, nms, ssd, to_reply, yolo,
+    DEFAULT_IOU, Box, Detection, iou, nms, ssd, to_reply, yolo,
 )
-
-# --- layout -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("shapes", [
-    [(1, 20, 4), (1, 20), (1, 20), (1,)],
-    [(1, 10, 4), (1, 10), (1, 10), (1, 1)],
-])
-def test_layout_recognizes_the_ssd_post_process_outputs(shapes):
-    assert layout(shapes) == SSD
-
-
-@pytest.mark.parametrize("shape", [(1, 84, 8400), (1, 8400, 84), (1, 6, 6)])
-def test_layout_recognizes_a_yolo_output_either_way_round(shape):
-    assert layout([shape]) == YOLO
-
-
-@pytest.mark.parametrize("shapes", [
-    [(1, 1000)],                                  # a classifier
-    [(1, 10)],
-    [(1, 4, 8400)],                               # boxes but no class column
-    [(1, 20, 4), (1, 19), (1, 20), (1,)],         # rows disagree
-    [(1, 20, 4), (1, 20), (1, 20)],               # no count
-    [(2, 84, 8400)],                              # not a batch of one
-    [(1, 84, 8400), (1, 84, 8400)],
-    [],
-])
-def test_layout_is_none_for_other_outputs(shapes):
-    assert layout(shapes) is None
-
 
 # --- SSD ----------------------------------------------------------------------------------
 

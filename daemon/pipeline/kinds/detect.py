@@ -1,6 +1,7 @@
 """Object detection: a detector's dequantized outputs -> scored, labelled boxes in the sent image's pixels.
 
-Two model families are understood, told apart by their output shapes (`layout`):
+Two model families are understood, told apart by their output shapes
+(daemon/model/interface.py, `detector_layout`):
 
 - **SSD** with TFLite_Detection_PostProcess: four outputs, boxes (N, 4) as ymin, xmin, ymax,
   xmax in [0, 1] of the model input, classes (N,) as float label-map ids, scores (N,) and a
@@ -17,18 +18,16 @@ the pixels it knows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from daemon.pipeline.geometry import Geometry
 
-SSD, YOLO = "ssd", "yolo"
 DEFAULT_IOU = 0.45
 """Ultralytics' default NMS IoU threshold: a same-class box overlapping a better one by more is dropped."""
 BOX_COORDS = 4
 """cx, cy, w, h (YOLO) or ymin, xmin, ymax, xmax (SSD)."""
-SSD_OUTPUTS = 4
 PIXEL_COORDS_ABOVE = 1.5
 """A YOLO output whose largest cx, cy, w or h exceeds this is in input pixels, not [0, 1]
 (normalized boxes may stray a little past 1; pixel boxes of any real input are far above)."""
@@ -51,26 +50,6 @@ class Detection:
     """The class id as the model emits it (SSD: label-map id; YOLO: class column)."""
     score: float
     box: Box
-
-
-def layout(output_shapes: Sequence[tuple[int, ...]]) -> Optional[str]:
-    """SSD, YOLO or None, from the output shapes with their batch dim of 1 first."""
-    shapes = [tuple(s) for s in output_shapes]
-    if any(not s or s[0] != 1 for s in shapes):
-        return None
-    if len(shapes) == SSD_OUTPUTS and _is_ssd(*shapes):
-        return SSD
-    if len(shapes) == 1 and len(shapes[0]) == 3 and min(shapes[0][1:]) > BOX_COORDS:
-        return YOLO
-    return None
-
-
-def _is_ssd(boxes: tuple, classes: tuple, scores: tuple, count: tuple) -> bool:
-    # TFLite_Detection_PostProcess' order: boxes, classes, scores, count (count is (1,) or (1, 1)).
-    if len(boxes) != 3 or boxes[2] != BOX_COORDS or boxes[1] < 1:
-        return False
-    rows = boxes[1]
-    return classes == (1, rows) and scores == (1, rows) and count in ((1,), (1, 1))
 
 
 def ssd(boxes, classes, scores, count, min_score: float, max_results: int) -> list[Detection]:
