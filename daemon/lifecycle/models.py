@@ -29,8 +29,11 @@ def load_models(config: Config, pins: Mapping[str, str], names: Optional[frozens
             continue
         model = open_model(config, name, max_batch=1, sha256=pins.get(name))
         models[name] = ModelInfo(model.sha256, file_sha256(mc.labels) if mc.labels else "", model.interface)  # the interpreter goes: workers have theirs
-        logger.info("model %s: %s (%s, sha256 %s, input %s)", name, mc.path, model.backend,
-                    model.sha256[:12], list(model.input.shape))
+        logger.info("model %s: %s (%s, sha256 %s, input %s, %d output(s), %d thread(s))", name, mc.path,
+                    model.backend, model.sha256[:12], list(model.input.shape), len(model.outputs), mc.threads)
+        if not model.batchable and config.batching.max_batch > 1:
+            logger.info("model %s: its batch dimension cannot change (batch %d): its requests run one per "
+                        "invoke, batching.max_batch aside", name, model.input.shape[0])
     return models
 
 

@@ -1,0 +1,76 @@
+"""`edge-inferd inspect`: the report on a model, and a snippet that check-config accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from daemon import cli
+from daemon.config.loader import load_config
+from daemon.model.inspection import report
+from tests.real_models import real_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _snippet_config(tmp_path: Path, text: str, labels: int = 0) -> Path:
+    """The report's snippet as a whole config file, with a labels file of `labels` lines."""
+    snippet = yaml.safe_load(text.split("check it with edge-inferd check-config):", 1)[1])
+    for model in snippet["models"].values():
+        if "labels" in model:
+            Path(model["labels"]).write_text("".join(f"class {i}\n" for i in range(labels)))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"mqtt": {"broker": "localhost:1883"}, "cache": {"dir": str(tmp_path / "c")},
+                                    **snippet}))
+    return path
+
+
+def test_a_bundled_classifier_is_described_and_its_snippet_checks(tmp_path):
+    model = tmp_path / "activity" / "model.tflite"
+    model.parent.mkdir()
+    model.write_bytes((ROOT / "models/activity/model.tflite").read_bytes())
+    text, servable = report(model)
+    assert servable and "looks like: a classifier over 4 classes" in text
+    assert "int8 [1, 50, 6] (dynamic batch; scale" in text and "real values -6.793 .. 6.635" in text
+    config = load_config(_snippet_config(tmp_path, text, labels=4))
+    assert config.routes[0].name == "activity" and config.routes[0].kind == "classify"
+
+
+@pytest.mark.parametrize("name, kind, labels", [("ssd_mobilenet_v2_coco_quant.tflite", "detect", 90),
+                                                ("efficientnet_lite0_uint8.tflite", "classify", 1000)])
+def test_real_models_get_a_snippet_that_checks(tmp_path, name, kind, labels):
+    model = tmp_path / name
+    model.write_bytes(real_model(name).read_bytes())
+    text, servable = report(model)
+    assert servable and "batch: fixed at 1" in text
+    config = load_config(_snippet_config(tmp_path, text, labels))
+    route = config.routes[0]
+    assert route.kind == kind and route.input.format == "image" and route.input.dtype == "uint8"
+
+
+def test_a_stateful_model_is_named_and_the_command_exits_1(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["inspect", str(real_model("okay_nabu_stateful.tflite"))])
+    assert done.value.code == cli.EXIT_FAIL
+    out = capsys.readouterr().out
+    assert "looks like: a stateful streaming model: not supported" in out and "VAR_HANDLE" in out
+    assert "routes:" not in out
+
+
+def test_an_edge_tpu_model_is_a_model_error_that_says_so(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["inspect", str(real_model("ssd_mobilenet_v2_coco_quant_edgetpu.tflite"))])
+    assert done.value.code == cli.EXIT_CONFIG
+    assert "Edge TPU model" in capsys.readouterr().err
+
+
+def test_an_int8_image_model_gets_the_pixel_scaling_its_input_range_says(tmp_path):
+    from daemon.model.inspection import _pixel_steps
+    from tests.model.test_interface import _spec
+
+    assert _pixel_steps(_spec((1, 96, 96, 3), np.int8, scale=1 / 128, zero_point=0)) == [
+        "    preprocess:", "      - normalize: {mean: 127.5, std: 127.5}   # pixels -> -1..1"]
+    assert _pixel_steps(_spec((1, 96, 96, 3), np.uint8, scale=1 / 255, zero_point=0)) == []
