@@ -212,7 +212,7 @@ def test_adaptive_workers_keys_and_min_above_max(tmp_path):
 
 def test_rate_keys_are_read_and_checked(tmp_path):
     text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
-    output = "    output: {top_k: 3}"
+    output = "    output:                     # what the model's outputs become in the reply"
     good = text.replace(output, f"    min_interval_ms: 250\n    coalesce: latest\n{output}", 1)
     (tmp_path / "good.yaml").write_text(good)
     route = load_config(tmp_path / "good.yaml").routes[0]
