@@ -3,6 +3,7 @@
 
     pip install -e '.[train]'         # tensorflow-cpu, aeon, scikit-learn: never needed at run time
     python scripts/train_models.py    # all models; or name some: activity appliance appliance_large digits
+                                      #   load_anomaly activity_float_io
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
 (config.yaml; models/appliance_large/config.yaml; the test fixture's for `digits`), runs the daemon's own
@@ -10,6 +11,11 @@ For each model it reads the route's `preprocess:` steps from the config that ser
 output, converts it to a float reference (`model_float.tflite`) and to a full-integer
 INT8 model (`model.tflite`, int8 in and out), scores both with `daemon.runtime`, and
 writes `labels.txt`, `test.npz` (held-out split, sensor units) and `card.json`.
+
+`load_anomaly` is an autoencoder (train_autoencoder): trained on the normal days only, scored by
+ROC-AUC of its reconstruction error; no route serves it yet, so its preprocessing is in its spec.
+`activity_float_io` is a test fixture (train_float_interface): `activity`'s training, converted
+with INT8 kernels but a float32 interface.
 """
 
 from __future__ import annotations
@@ -438,12 +444,107 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
     return card
 
 
+# ---------------------------------------------------------------- test fixtures
+
+@dataclass(frozen=True)
+class FloatInterfaceSpec:
+    """A bundled classifier's training path (its Spec, same seed, same route preprocessing),
+    converted with INT8 kernels but the converter's default float32 input and output
+    (QUANTIZE and DEQUANTIZE ops inside): a fixture for "INT8 inside, float32 in and out"."""
+    name: str
+    base: str       # the Spec whose data, preprocessing and training it shares
+    out_dir: str
+    test_npz: str   # scored on the base model's held-out split
+
+
+FLOAT_INTERFACE = [FloatInterfaceSpec("activity_float_io", "activity", "tests/fixtures/activity_float_io",
+                                      "models/activity/test.npz")]
+
+
+def _tensor_report(path: Path) -> dict:
+    """dtypes of the interface, the ops and the tensor dtypes of the graph (builtin kernels, no delegate)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    interp = Interpreter(model_path=str(path),
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    tensor_dtypes: dict = {}
+    for t in interp.get_tensor_details():
+        tensor_dtypes[t["dtype"].__name__] = tensor_dtypes.get(t["dtype"].__name__, 0) + 1
+    (inp,), (out,) = interp.get_input_details(), interp.get_output_details()
+    return {"input": {"dtype": inp["dtype"].__name__, "shape_signature": inp["shape_signature"].tolist()},
+            "output": {"dtype": out["dtype"].__name__, "shape_signature": out["shape_signature"].tolist()},
+            "ops": sorted({op["op_name"] for op in interp._get_ops_details()}),
+            "tensor_dtypes": dict(sorted(tensor_dtypes.items()))}
+
+
+def _int8_constants(path: Path) -> list:
+    """The bytes of every int8 and int32 constant tensor (weights, biases, shapes), sorted: equal lists = the
+    same quantized weights."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(path))
+    kinds = (schema.TensorType.INT8, schema.TensorType.INT32)
+    return sorted(bytes(model.buffers[t.buffer].data) for g in model.subgraphs for t in g.tensors
+                  if t.type in kinds and model.buffers[t.buffer].data is not None)
+
+
+def train_float_interface(spec: FloatInterfaceSpec) -> dict:
+    import tensorflow as tf
+    from tensorflow import keras
+
+    base = next(s for s in SPECS if s.name == spec.base)
+    keras.utils.set_random_seed(SEED)
+    tf.config.experimental.enable_op_determinism()
+    steps, route = route_steps(base)
+    x_tr, y_tr, _, _, labels = base.load()
+    xp_tr = preprocess.apply_steps(steps, x_tr)
+    started = time.time()
+    _, int8_model = (base.fit or fit_members)(base, xp_tr, y_tr, len(labels))
+    print(f"[{spec.name}] trained ({base.name}'s path) in {time.time() - started:.0f}s", flush=True)
+
+    out = ROOT / spec.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model.tflite").write_bytes(convert(int8_model, xp_tr, quantize=True, int8_io=False))
+    (out / "labels.txt").write_text("\n".join(labels) + "\n")
+    report = _tensor_report(out / "model.tflite")
+    if report["input"]["dtype"] != "float32" or report["output"]["dtype"] != "float32" \
+            or not {"QUANTIZE", "DEQUANTIZE"} <= set(report["ops"]) or "int8" not in report["tensor_dtypes"]:
+        raise SystemExit(f"[{spec.name}] not a float-interface INT8 model: {report}")
+    with np.load(ROOT / spec.test_npz) as data:
+        x_te, y_te = data["x"], data["y"]
+    acc = accuracy(out / "model.tflite", preprocess.apply_steps(steps, x_te), y_te, int8=False)
+    same_weights = _int8_constants(out / "model.tflite") == _int8_constants(ROOT / base.out_dir / "model.tflite")
+    card = {
+        "name": spec.name,
+        "purpose": "test fixture: INT8 kernels inside, float32 input and output (not a full-integer model; "
+                   "the daemon's require_int8 check refuses it)",
+        "made_by": f"scripts/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
+                   f"({base.config}, route {base.route}), seed and training (fit_members), converted with "
+                   "optimizations=DEFAULT, the preprocessed training split as representative data and "
+                   "TFLITE_BUILTINS_INT8, but without inference_input_type / inference_output_type",
+        "same_training_as": f"models/{base.name}/model.tflite",
+        "int8_weights_and_int32_biases_identical_to_it": same_weights,
+        "labels": labels, "preprocessing": preprocess.canonical(steps),
+        "model_input_shape": list(xp_tr.shape[1:]), "graph": report,
+        "test_data": spec.test_npz, "n_test": int(len(y_te)), "accuracy": round(acc, 4),
+        "size_bytes": (out / "model.tflite").stat().st_size, "sha256": file_sha256(out / "model.tflite"),
+        "training": {"seed": SEED, "tensorflow": tf.__version__, "epochs": base.epochs, "batch_size": base.batch_size,
+                     "architecture": base.build.__name__},
+    }
+    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    print(f"[{spec.name}] accuracy {acc:.4f} on {spec.test_npz}, {report}", flush=True)
+    return card
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="models to train (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     targets = [(s, train_one) for s in SPECS] + [(s, train_autoencoder) for s in AUTOENCODERS]
+    targets += [(s, train_float_interface) for s in FLOAT_INTERFACE]
     wanted = args.names or [s.name for s, _ in targets]
     unknown = set(wanted) - {s.name for s, _ in targets}
     if unknown:
