@@ -373,6 +373,7 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
     from sklearn.metrics import roc_auc_score
     from tensorflow import keras
 
+    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
     raw_steps = yaml.safe_load(spec.preprocess_yaml)
@@ -495,6 +496,7 @@ def train_float_interface(spec: FloatInterfaceSpec) -> dict:
     from tensorflow import keras
 
     base = next(s for s in SPECS if s.name == spec.base)
+    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
     steps, route = route_steps(base)
