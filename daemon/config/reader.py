@@ -269,7 +269,8 @@ def absolute_paths(raw: dict, base_dir: Path) -> dict:
     (for a copy of the config written elsewhere: the bench's and the tests')."""
     for model in (raw.get("models") or {}).values():
         for key in ("path", "labels"):
-            model[key] = str((base_dir / model[key]).resolve())
+            if model.get(key):  # labels are optional (anomaly and values routes)
+                model[key] = str((base_dir / model[key]).resolve())
     for route in raw.get("routes") or []:
         gate = route.get("validate") or {}
         if gate.get("data"):
