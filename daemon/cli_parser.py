@@ -109,7 +109,9 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         "Run a route's whole pipeline (decode, preprocess, quantize, infer) on x of an .npz and\n"
         "compare with y, by the route's output kind: classify -> accuracy against integer labels;\n"
         "anomaly -> ROC-AUC against 0 normal / 1 anomalous and the threshold at --fpr; values ->\n"
-        "MAE and RMSE against the targets. Prints one JSON object (with n, model_sha256); exits 1\n"
+        "MAE and RMSE against the targets; detect -> precision and recall at IoU 0.5 against boxes\n"
+        "(an .npz of image_0, image_1, ... picture bytes and boxes (M, 6): image, class, x_min,\n"
+        "y_min, x_max, y_max). Prints one JSON object (with n, model_sha256); exits 1\n"
         "below the gate (--min-accuracy, --min-roc-auc, --max-mae, or --max-drop below --float)."),
         example="edge-inferd validate --config config.yaml --route activity --data models/activity/test.npz")
     _add_service_config(val)

@@ -25,7 +25,7 @@ from tests.real_models import real_model
 
 SSD = "ssd_mobilenet_v2_coco_quant.tflite"
 EFFICIENTNET = "efficientnet_lite0_uint8.tflite"
-COCO_PERSON, COCO_CAT, COCO_CUP = 0, 16, 46
+COCO_PERSON, COCO_CAT, COCO_CUP, COCO_TABLE = 0, 16, 46, 66
 IMAGENET_CATS = range(281, 286)
 IMAGENET_ESPRESSO, IMAGENET_CUP = 967, 968
 
@@ -160,3 +160,26 @@ def test_coco_labels_with_gaps_name_the_detector_classes():
     assert labels.by_id and labels.count == 80 and len(labels.names) == 90
     assert (labels.name(0), labels.name(16), labels.name(46), labels.name(11)) == ("person", "cat", "cup", "11")
     assert labels.name(12) == "stop sign" and labels.name(95) == "95"
+
+
+# Boxes drawn by hand on scikit-image's photos (x_min, y_min, x_max, y_max in their own pixels).
+HAND_BOXES = {"astronaut.png": [(COCO_PERSON, (18, 12, 365, 512))],
+              "chelsea.png": [(COCO_CAT, (0, 0, 400, 300))],
+              "coffee.png": [(COCO_CUP, (170, 15, 410, 305)), (COCO_TABLE, (0, 0, 600, 400))]}
+
+
+def test_validate_reports_a_detectors_precision_and_recall_on_hand_labelled_photos(tmp_path, capsys):
+    from daemon import cli
+
+    arrays, rows = {}, []
+    for i, (photo, boxes) in enumerate(HAND_BOXES.items()):
+        arrays[f"image_{i}"] = np.frombuffer(_jpeg(photo), dtype=np.uint8)
+        rows += [(i, cls, *box) for cls, box in boxes]
+    data = tmp_path / "photos.npz"
+    np.savez(data, boxes=np.array(rows, dtype=np.float32), **arrays)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["validate", "--config", str(_camera_config(tmp_path)), "--route", "cam", "--data", str(data)])
+    assert done.value.code == 0
+    report = __import__("json").loads(capsys.readouterr().out)
+    assert (report["n"], report["boxes"]) == (3, 4)
+    assert report["recall"] == 1.0 and report["precision"] == 1.0, report
