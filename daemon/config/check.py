@@ -118,25 +118,32 @@ def _check_route_shape(r: Reader, m: Any, p: str, route: RouteConfig, model: Mod
 
 def _check_kind(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> None:
     """The route's output kind fits the model's outputs."""
+    found = _kind_problem(route, model)
+    if found is None:
+        return
+    key, problem = found
     o = m.get("output") if isinstance(m, dict) else None
-    where = o if isinstance(o, dict) and o else m
-    key = "kind" if where is o else "output"
+    if isinstance(o, dict) and key in o:  # the message points at the key, or at the route's output
+        r.error(o, key, f"{p}.output", problem)
+    else:
+        r.error(m, "output", p, problem)
+
+
+def _kind_problem(route: RouteConfig, model: Model) -> Optional[tuple[str, str]]:
+    """(the output key at fault, why), or None when the kind fits the model."""
     outputs = ", ".join(f"{spec.name} {list(spec.shape)}" for spec in model.outputs)
     if route.kind == CLASSIFY and len(model.outputs) != 1:
-        r.error(where, key, f"{p}.output" if where is o else p,
-                f"kind classify needs a model with one output; {route.model!r} has {len(model.outputs)} "
-                f"({outputs}): {_suggestion(model)}")
-    elif route.kind == CLASSIFY and route.top_k > model.num_outputs:
-        r.error(where, key, f"{p}.output" if where is o else p,
-                f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs")
-    elif route.kind == DETECT and detector_layout(model.outputs) is None:
-        r.error(where, key, f"{p}.output" if where is o else p,
-                f"kind detect needs an SSD model (boxes [1, N, 4], classes, scores, count) or a YOLO model "
-                f"(one [1, 4+C, N] output); {route.model!r} has {outputs}")
-    elif route.kind == ANOMALY and model.num_outputs != model.input.sample_size:
-        r.error(where, key, f"{p}.output" if where is o else p,
-                f"kind anomaly needs an autoencoder, whose output has the input's {model.input.sample_size} "
-                f"values; {route.model!r} has {outputs}")
+        return "kind", (f"kind classify needs a model with one output; {route.model!r} has {len(model.outputs)} "
+                        f"({outputs}): {_suggestion(model)}")
+    if route.kind == CLASSIFY and route.top_k > model.num_outputs:
+        return "top_k", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs"
+    if route.kind == DETECT and detector_layout(model.outputs) is None:
+        return "kind", (f"kind detect needs an SSD model (boxes [1, N, 4], classes, scores, count) or a YOLO "
+                        f"model (one [1, 4+C, N] output); {route.model!r} has {outputs}")
+    if route.kind == ANOMALY and model.num_outputs != model.input.sample_size:
+        return "kind", (f"kind anomaly needs an autoencoder, whose output has the input's "
+                        f"{model.input.sample_size} values; {route.model!r} has {outputs}")
+    return None
 
 
 def _suggestion(model: Model) -> str:
