@@ -226,3 +226,45 @@ def test_rate_keys_are_read_and_checked(tmp_path):
         load_config(tmp_path / "bad.yaml")
     assert "routes[0].min_interval_ms: must be >= 0" in str(err.value)
     assert "routes[0].coalesce: must be one of latest" in str(err.value)
+
+
+def _with_output(tmp_path, output: str, extra: str = "") -> Path:
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    anchor = "    output:                     # what the model's outputs become in the reply\n" \
+             "      kind: classify            # classify (label, score, top_k) | detect (boxes) | anomaly | values\n" \
+             "      top_k: 3                  # classify: how many (label, score) pairs the result lists\n"
+    assert anchor in text
+    path = tmp_path / "kinds.yaml"
+    path.write_text(text.replace(anchor, f"    output: {output}\n{extra}", 1))
+    return path
+
+
+@pytest.mark.parametrize("output, message", [
+    ("{kind: detect}", "routes[0].output.kind: kind detect needs an SSD model"),
+    ("{kind: anomaly}", "routes[0].output.kind: kind anomaly needs an autoencoder, whose output has the input's 300"),
+    ("{kind: classify, top_k: 9}", "routes[0].output.top_k: top_k 9 exceeds the model's 4 outputs"),
+    ("{kind: classify, threshold: 0.5}", "routes[0].output.threshold: applies to kind anomaly, not classify"),
+    ("{kind: values, min_score: 0.5}", "routes[0].output.min_score: applies to kind detect, not values"),
+    ("{kind: guess}", "routes[0].output.kind: must be one of classify, detect, anomaly, values"),
+])
+def test_an_output_kind_that_does_not_fit_is_named(tmp_path, output, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(_with_output(tmp_path, output))
+    assert any(e.startswith(message) for e in err.value.errors), err.value.errors
+
+
+def test_values_fit_any_model_and_escalate_fits_classify_only(tmp_path):
+    assert load_config(_with_output(tmp_path, "{kind: values}")).routes[0].kind == "values"
+    escalate = "    escalate: {when: {score_below: 0.5}, to_model: appliance}\n"
+    with pytest.raises(ConfigError) as err:
+        load_config(_with_output(tmp_path, "{kind: values}", escalate))
+    assert any(e.startswith("routes[0].escalate: applies to output.kind classify only") for e in err.value.errors)
+
+
+def test_image_keys_belong_to_image_routes(tmp_path):
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    path = tmp_path / "image.yaml"
+    path.write_text(text.replace("      max_bytes: 1048576 ", "      resize: letterbox\n      max_bytes: 1048576 ", 1))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert any(e.startswith("routes[0].input.resize: applies to format image only") for e in err.value.errors)
