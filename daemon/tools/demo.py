@@ -1,9 +1,12 @@
 """`edge-inferd demo`: private broker + the real daemon + replay of bundled test data.
 
-For every route whose model has a `test.npz` beside it, each held-out sample is sent
+For every route whose model has a `test.npz` beside it, its held-out samples are sent
 as a real client would (JSON, or raw bytes for raw routes), with an MQTT v5
-CorrelationData so raw requests can be matched too, WINDOW requests outstanding. The first
-replies of each route are printed (-v: all), then a summary per route: accuracy,
+CorrelationData so raw requests can be matched too, WINDOW requests outstanding: every one
+for classify routes, ANOMALY_SAMPLES balanced ones for anomaly, a few for values. With the
+fetched SSD and photos (demo_camera) a camera route is added and sent JPEGs. The first
+replies of each route are printed (-v: all; every frame of a camera), then a summary per
+route by its kind (demo_kinds: accuracy, ROC-AUC, values' lengths, objects found), with
 answered/sent, the daemon's own latency and the client-side p50/p99 round trip.
 """
 
@@ -30,9 +33,12 @@ from paho.mqtt.properties import Properties
 
 from daemon import topics
 from daemon.tools.broker import Broker, end_process
-from daemon.config.schema import Config, RouteConfig
+from daemon.config.schema import DETECT, VALUES, Config, RouteConfig
 from daemon.config.loader import load_config
 from daemon.config.model_files import read_labels
+from daemon.model.runtime import open_interface
+from daemon.tools import demo_camera
+from daemon.tools.demo_kinds import answer_line, sample_indices, summary_line
 from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
 
 _DEVICE = "demo-1"  # fills each '+' of a route's filter
@@ -56,6 +62,10 @@ class RouteRun:
     sent_at: dict[int, float] = field(default_factory=dict)
     answers: dict[int, dict] = field(default_factory=dict)
     rtt_ms: dict[int, float] = field(default_factory=dict)
+    samples: list[str] = field(default_factory=list)
+    """detect: what each frame is ("astronaut 640x480")."""
+    value_sizes: dict[str, int] = field(default_factory=dict)
+    """values: the model's outputs, each with the values it holds per sample."""
 
 
 def request_topic(route: RouteConfig) -> str:
@@ -68,7 +78,9 @@ def reply_topic(route: RouteConfig) -> str:
     return topics.render(route.publish, topic, topics.match(route.subscribe, topic) or ())
 
 
-def _payload(route: RouteConfig, index: int, x: np.ndarray) -> bytes:
+def _payload(route: RouteConfig, index: int, x) -> bytes:
+    if route.input.format == "image":  # a JPEG already
+        return bytes(x)
     if route.input.format == "raw":
         return x.astype(np.dtype(route.input.dtype).newbyteorder("<")).tobytes()
     if route.input.format == "npy":
@@ -129,87 +141,93 @@ class Replayer:
         self._client.loop_stop()
 
 
-def _route_runs(config: Config, limit: int) -> dict[str, RouteRun]:
+def _route_runs(config: Config, limit: int, camera: Optional[Path]) -> dict[str, RouteRun]:
+    """What the demo sends each route: its model's test.npz (as its kind wants), or for a detect
+    route the photos in `camera` (no run without them)."""
     runs = {}
     for route in config.routes:
         mc = config.models[route.model]
+        labels = read_labels(mc.labels)
+        names = list(labels.names) if labels else []
+        if route.kind == DETECT:
+            if camera is not None:
+                x, y, samples = demo_camera.frames(camera, limit)
+                runs[route.name] = RouteRun(route, x, np.array(y), names, samples=samples)
+            continue
         data = mc.path.parent / "test.npz"
         if not data.exists():
             continue
         with np.load(data, allow_pickle=False) as npz:
-            x, y = npz["x"], npz["y"]
-        if limit:
-            x, y = x[:limit], y[:limit]
-        labels = read_labels(mc.labels)
-        runs[route.name] = RouteRun(route, x, y, list(labels.names) if labels else [])
+            keep = sample_indices(route.kind, npz["y"], limit)
+            run = RouteRun(route, npz["x"][keep], npz["y"][keep], names)
+        if route.kind == VALUES:
+            run.value_sizes = {s.name: s.sample_size for s in open_interface(mc.path, config.runtime).outputs}
+        runs[route.name] = run
     return runs
 
 
-def answer_line(run: RouteRun, index: int) -> str:
-    reply = run.answers[index]
-    expected = run.labels[int(run.y[index])]
-    if "error" in reply:
-        return f"{run.route.name:<13} #{index:<3} ERROR {reply['error']['code']}: {reply['error']['message']}"
-    mark = "ok   " if reply["label"] == expected else "wrong"  # not "miss": it sits next to cached=
-    return (f"{run.route.name:<13} #{index:<3} {mark} {reply['label']:<13} score {reply['score']:.3f}  "
-            f"expected {expected:<13} daemon {reply['latency_ms']:6.2f} ms  cached={str(reply['cached']).lower()}")
-
-
 def answer_lines(run: RouteRun, verbose: bool = False) -> list[str]:
-    """The first FIRST_ANSWERS replies of a route (every one when verbose), then how many were left out."""
+    """The first FIRST_ANSWERS replies of a route (every one when verbose, and every frame of a
+    camera), then how many were left out."""
     indices = sorted(run.answers)
-    shown = indices if verbose else indices[:FIRST_ANSWERS]
+    shown = indices if verbose or run.route.kind == DETECT else indices[:FIRST_ANSWERS]
     lines = [answer_line(run, i) for i in shown]
     if len(indices) > len(shown):
         lines.append(f"{run.route.name:<13} ... {len(indices) - len(shown)} more (-v prints every reply)")
     return lines
 
 
-def summary_lines(runs: dict[str, RouteRun]) -> list[str]:
+def summary_lines(runs: dict[str, RouteRun], skipped: Optional[str] = None) -> list[str]:
+    """A header, then each route's line by its kind; `skipped`: why no camera was shown."""
     lines = [f"summary: round trip = client send to reply with {WINDOW} requests outstanding (queueing included); "
              "daemon = the replies' own latency_ms"]
-    for run in runs.values():
-        sent, got = len(run.sent_at), len(run.answers)
-        correct = sum(1 for i, r in run.answers.items() if r.get("label") == run.labels[int(run.y[i])])
-        errors = sum(1 for r in run.answers.values() if "error" in r)
-        rtt = np.array(list(run.rtt_ms.values()) or [0.0])
-        own = np.array([r["latency_ms"] for r in run.answers.values() if "latency_ms" in r] or [0.0])
-        lines.append(f"  {run.route.name:<13} accuracy {correct / max(sent, 1):.3f}  answered {got}/{sent} "
-                     f"({errors} errors)  daemon p50 {np.percentile(own, 50):.1f} ms  "
-                     f"round trip p50 {np.percentile(rtt, 50):.1f} ms  p99 {np.percentile(rtt, 99):.1f} ms")
+    lines += [summary_line(run) for run in runs.values()]
+    if skipped:
+        lines.append(f"  {DETECT:<13} {skipped}")
     return lines
 
 
-def summarize(runs: dict[str, RouteRun]) -> bool:
-    print("\n" + "\n".join(summary_lines(runs)))
+def summarize(runs: dict[str, RouteRun], skipped: Optional[str] = None) -> bool:
+    print("\n" + "\n".join(summary_lines(runs, skipped)))
     return all(len(r.answers) == len(r.sent_at) and not any("error" in a for a in r.answers.values())
                for r in runs.values())
 
 
 def run_demo(config_path: Path, limit: int = 0, quiet: bool = False, verbose: bool = False) -> bool:
-    config = load_config(config_path)
-    runs = _route_runs(config, limit)
-    with Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-demo-") as tmp:
+    camera = demo_camera.models_dir()
+    skipped = demo_camera.skip_reason(camera)
+    with tempfile.TemporaryDirectory(prefix="edge-inferd-demo-") as tmp:
+        served = config_path if skipped else demo_camera.with_camera(config_path, camera, Path(tmp))
+        config = load_config(served)
+        runs = _route_runs(config, limit, None if skipped else camera)
+        return _serve(served, config, runs, Path(tmp), (None if quiet else verbose, skipped))
+
+
+def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Path, printing: tuple) -> bool:
+    """The broker and the daemon on `config_path`, the replay (`printing`: verbose, skipped), then the stop."""
+    with Broker() as broker:
         print(f"broker: mosquitto on {broker.address}")
         cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config_path), "--broker", broker.address]
-        log = open(Path(tmp) / "daemon.log", "wb")
+        log = open(tmp / "daemon.log", "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:
-            replayed = _replay(client, daemon, runs, None if quiet else verbose)
+            replayed = _replay(client, daemon, runs, *printing)
             return _stop(client, daemon) and replayed
         finally:
             client.close()
             if daemon.poll() is None:
                 daemon.kill()
             log.close()
-            print(f"daemon log: {(Path(tmp) / 'daemon.log').read_text()[-2000:]}" if daemon.returncode else "", end="")
+            print(f"daemon log: {(tmp / 'daemon.log').read_text()[-2000:]}" if daemon.returncode else "", end="")
 
 
-def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool]) -> bool:
-    """Send every sample, WINDOW at a time; print the replies (none when `verbose` is None) and the summary."""
+def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool],
+            skipped: Optional[str] = None) -> bool:
+    """Send every sample, WINDOW at a time; print the replies (none when `verbose` is None) and the summary
+    (`skipped`: why no camera was shown)."""
     if not client.wait_for(lambda: client.status == STATUS_ONLINE or daemon.poll() is not None, _READY_TIMEOUT_S):
         print("daemon did not come online")
         return False
@@ -225,7 +243,7 @@ def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun
     if verbose is not None:
         for run in runs.values():
             print("\n".join(answer_lines(run, verbose)))
-    return summarize(runs)
+    return summarize(runs, skipped)
 
 
 def _stop(client: Replayer, daemon: subprocess.Popen) -> bool:
