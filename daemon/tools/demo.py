@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +37,7 @@ from daemon.config.loader import load_config
 from daemon.config.model_files import read_labels
 from daemon.model.runtime import open_interface
 from daemon.tools import demo_camera
-from daemon.tools.demo_kinds import answer_line, sample_indices, summary_line
+from daemon.tools.demo_kinds import RouteRun, answer_line, sample_indices, summary_line
 from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
 
 _DEVICE = "demo-1"  # fills each '+' of a route's filter
@@ -51,21 +50,6 @@ _STOP_TIMEOUT_S = 20.0
 WINDOW = 16
 # Replies printed per route unless -v.
 FIRST_ANSWERS = 5
-
-
-@dataclass
-class RouteRun:
-    route: RouteConfig
-    x: np.ndarray
-    y: np.ndarray
-    labels: list[str]
-    sent_at: dict[int, float] = field(default_factory=dict)
-    answers: dict[int, dict] = field(default_factory=dict)
-    rtt_ms: dict[int, float] = field(default_factory=dict)
-    samples: list[str] = field(default_factory=list)
-    """detect: what each frame is ("astronaut 640x480")."""
-    value_sizes: dict[str, int] = field(default_factory=dict)
-    """values: the model's outputs, each with the values it holds per sample."""
 
 
 def request_topic(route: RouteConfig) -> str:

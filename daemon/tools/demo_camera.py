@@ -67,7 +67,7 @@ def _free(name: str, taken) -> str:
 def _paths_kept(raw: dict, config_path: Path) -> dict:
     """The config's relative paths made absolute as the daemon resolves them, so a copy written
     elsewhere uses the same model files, cache, outbox and credentials."""
-    config = load_config(config_path)
+    config = load_config(config_path, check_models=False)  # its paths only: the daemon checks the models
     absolute_paths(raw, config_path.resolve().parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(config.cache.dir)}
     mqtt = raw["mqtt"] = raw.get("mqtt") or {}

@@ -9,15 +9,13 @@ answered/sent, the daemon's own p50 latency and the client's p50/p99 round trip.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES
+from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, RouteConfig
 from daemon.pipeline.scoring import roc_auc
-
-if TYPE_CHECKING:
-    from daemon.tools.demo import RouteRun
 
 # anomaly: the y of test.npz.
 NORMAL, ANOMALOUS = "normal", "anomalous"
@@ -26,6 +24,24 @@ ANOMALY_SAMPLES = 200
 VALUES_SAMPLES = 5
 # values: how many of each reply's first output are printed.
 SHOWN_VALUES = 4
+
+
+@dataclass
+class RouteRun:
+    """One route's replay: the samples sent (`x`; detect: JPEG bytes), what each should get (`y`:
+    a label index, 0 normal / 1 anomalous, or the object a frame shows), and what came back."""
+
+    route: RouteConfig
+    x: np.ndarray
+    y: np.ndarray
+    labels: list[str]
+    sent_at: dict[int, float] = field(default_factory=dict)
+    answers: dict[int, dict] = field(default_factory=dict)
+    rtt_ms: dict[int, float] = field(default_factory=dict)
+    samples: list[str] = field(default_factory=list)
+    """detect: what each frame is ("astronaut 640x480")."""
+    value_sizes: dict[str, int] = field(default_factory=dict)
+    """values: the model's outputs, each with the values it holds per sample."""
 
 
 def sample_indices(kind: str, y: np.ndarray, limit: int = 0) -> np.ndarray:
