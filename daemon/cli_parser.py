@@ -185,10 +185,11 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = _command(sub, "demo", "private broker + daemon + replay of the bundled test data", (
-        "Start a private mosquitto and the daemon, send every bundled held-out sample as a client\n"
-        "would (16 requests outstanding), print the first replies of each route and a summary, and\n"
-        "stop. What ./scripts/demo.sh runs; -v prints every reply."),
+        "Start a private mosquitto and the daemon, send each route its model's held-out samples as a\n"
+        "client would (16 requests outstanding), and JPEGs to a camera route on the SSD that\n"
+        "scripts/fetch_test_models.sh fetches (when it is there), print the first replies of each\n"
+        "route and a summary by output kind, and stop. What ./scripts/demo.sh runs; -v prints every reply."),
         example="edge-inferd demo --limit 10")
     _add_dev_config(demo)
-    demo.add_argument("--limit", type=int, default=0, help="samples per route (default: all)")
+    demo.add_argument("--limit", type=int, default=0, help="samples per route at most (default: all; anomaly 200, values 5)")
     demo.add_argument("--quiet", action="store_true", help="print only the summary")
