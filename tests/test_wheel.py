@@ -43,8 +43,9 @@ def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
     # A plain (not editable) install of the wheel alone, by this pip into the new venv; its
     # dependencies come from the test's own environment on PYTHONPATH (a path entry, so the
     # checkout's editable hook, a .pth file, stays off).
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else pip may see the checkout as installed
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, timeout=BUILD_TIMEOUT_S)
+                   check=True, timeout=BUILD_TIMEOUT_S, env=clean)
     env = {**os.environ, "PYTHONPATH": sysconfig.get_path("purelib")}
     where = subprocess.run([str(python), "-c", "import daemon.serve.wiring as m; print(m.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
