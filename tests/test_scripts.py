@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.real_models import real_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,3 +34,20 @@ def test_measure_cascade_runs_and_reports_the_three_ways():
     report = json.loads(_run("scripts/measure_cascade.py", "--repeat", "1"))
     assert {"fast", "large", "cascade"} <= report.keys() and report["n"] == 100
     assert 0.0 <= report["escalated_share"]["all"] <= 1.0
+
+
+def test_bench_detect_runs_the_naive_script_and_the_daemon_on_camera_frames(tmp_path):
+    models = real_model("ssd_mobilenet_v2_coco_quant.tflite").parent
+    table = _run("scripts/bench_detect.py", "--frames", "3", "--rounds", "1", "--rates", "0.5x", "--duration", "0.5",
+                 "--warmup", "1", "--out", str(tmp_path), "--models", str(models))
+    assert "daemon-t2" in table
+    report = json.loads((tmp_path / "bench_detect.json").read_text())
+    assert report["errors"] == [] and report["rounds_run"] == 1
+    (round_one,) = report["rounds"]
+    assert set(round_one) == {"naive", "daemon-t1", "daemon-t2"}
+    for name, measured in round_one.items():
+        drain, (point,) = measured["drain"], measured["openloop"]
+        assert drain["results"] == drain["sent"] == 3, name  # replies with detections, none shed or lost
+        assert drain["cache_hits"] == 0 and drain["top_label_matches_photo"] == 3, name
+        assert drain["images_per_s"] > 0 and drain["cpu_ms_per_image"] > 0 and drain["latency_ms"]["p99"] > 0
+        assert point["results"] == point["sent"] >= 1 and point["latency_ms"]["p50"] > 0, name

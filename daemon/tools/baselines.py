@@ -2,6 +2,7 @@
 
     python -m daemon.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
     python -m daemon.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.baselines naive-detect --broker HOST:PORT --config C --route R
     python -m daemon.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
 - `echo`: the transport floor. Bare paho 2.x (MQTT v5, TCP_NODELAY), subscribed to the
@@ -9,16 +10,25 @@
   id at QoS 1 to the route's reply topic. No decoding, no model.
 - `naive`: the script most people write: JSON decode + preprocessing + INT8 invoke +
   publish inside `on_message`, with the daemon's model, preprocessing code and reply topic.
+- `naive-detect`: the camera script most people write, for a `detect` route on an SSD
+  (TFLite_Detection_PostProcess: boxes, classes, scores, count): inside `on_message`, Pillow
+  decodes the JPEG or PNG, stretches it to the model's input (BILINEAR, the daemon's filter, so
+  both see the same pixels), ai_edge_litert's own Interpreter (the model's `threads`) invokes
+  it, and the detections scoring at least `output.min_score` (at most `output.max_results`,
+  best first, boxes in the sent picture's pixels) are published as JSON. No daemon code on
+  the message's way.
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
   in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
 
-Both consumers publish a retained `online` on `edge-inferd/<client-id>/status`, like the
-daemon, so the bench waits for them the same way.
+The consumers publish a retained `online` on `edge-inferd/<client-id>/status`, like the
+daemon, so the bench waits for them the same way, and reply with the request's v5
+CorrelationData when it has one, as the daemon does (an image carries no JSON id).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import signal
@@ -30,6 +40,8 @@ from typing import Callable
 import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from daemon import topics
 from daemon.model import preprocess
@@ -75,6 +87,44 @@ def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[
     return route, answer
 
 
+def make_detect_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes], str]]:
+    """The route and the naive camera script's per-message body: image bytes in, detections JSON out."""
+    from ai_edge_litert.interpreter import Interpreter
+    from PIL import Image
+
+    config, route = _route(config_path, route_name)
+    spec = config.models[route.model]
+    interp = Interpreter(model_path=str(spec.path), num_threads=spec.threads)
+    interp.allocate_tensors()
+    tensor = interp.get_input_details()[0]
+    _, height, width, _ = (int(d) for d in tensor["shape"])
+    boxes_out, classes_out, scores_out, count_out = (d["index"] for d in interp.get_output_details())
+    found = read_labels(spec.labels)
+    labels = found.names if found else ()
+
+    def answer(payload: bytes) -> str:
+        img = Image.open(io.BytesIO(payload)).convert("RGB")
+        sent_w, sent_h = img.size
+        pixels = np.asarray(img.resize((width, height), Image.Resampling.BILINEAR), dtype=np.uint8)
+        interp.set_tensor(tensor["index"], pixels[None])
+        interp.invoke()
+        boxes, classes = interp.get_tensor(boxes_out)[0], interp.get_tensor(classes_out)[0]
+        scores, count = interp.get_tensor(scores_out)[0], int(interp.get_tensor(count_out).reshape(-1)[0])
+        detections = []
+        for i in np.argsort(-scores[:count], kind="stable")[: route.max_results]:
+            if scores[i] < route.min_score:
+                break
+            ymin, xmin, ymax, xmax = np.clip(boxes[i], 0.0, 1.0)
+            index = int(classes[i])
+            detections.append({"label": labels[index] if index < len(labels) else str(index), "index": index,
+                               "score": round(float(scores[i]), 6),
+                               "box": {"x_min": round(float(xmin) * sent_w, 1), "y_min": round(float(ymin) * sent_h, 1),
+                                       "x_max": round(float(xmax) * sent_w, 1), "y_max": round(float(ymax) * sent_h, 1)}})
+        return json.dumps({"route": route.name, "detections": detections})
+
+    return route, answer
+
+
 def echo_reply(payload: bytes) -> bytes:
     """`{"id":N}` padded to 16 bytes, without decoding the request."""
     found = _ID_PREFIX.match(payload[:32])
@@ -87,7 +137,13 @@ def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[byt
 
     def on_message(client, userdata, msg):
         captures = topics.match(route.subscribe, msg.topic)
-        client.publish(topics.render(route.publish, msg.topic, captures), reply(msg.payload), qos=QOS)
+        correlation = getattr(msg.properties, "CorrelationData", None)
+        properties = None
+        if correlation is not None:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.CorrelationData = correlation
+        client.publish(topics.render(route.publish, msg.topic, captures), reply(msg.payload), qos=QOS,
+                       properties=properties)
 
     def on_connect(client, userdata, flags, reason_code, properties):
         disable_nagle(client.socket())
@@ -131,7 +187,7 @@ def _rawpub(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m daemon.baselines", description=__doc__.split("\n")[0])
-    parser.add_argument("kind", choices=("echo", "naive", "rawpub"))
+    parser.add_argument("kind", choices=("echo", "naive", "naive-detect", "rawpub"))
     parser.add_argument("--broker", required=True, help="HOST:PORT")
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--route", default="activity")
@@ -148,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "echo":
         _, route = _route(args.config, args.route)
         _serve(args.broker, client_id, route, echo_reply)
+    elif args.kind == "naive-detect":
+        route, answer = make_detect_answer(args.config, args.route)
+        _serve(args.broker, client_id, route, answer)
     else:
         route, answer = make_answer(args.config, args.route)
         _serve(args.broker, client_id, route, answer)
