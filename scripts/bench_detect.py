@@ -22,7 +22,8 @@ Each round starts each consumer in turn, as its own process, and stops it after 
   reply inside paho's `on_message`; the model's `threads: 1`);
 - `daemon-t1` / `daemon-t2`: `edge-inferd run` with the model's `threads: 1` / `2` and the
   daemon's defaults otherwise (workers.max = the CPU count, the result cache on, batching's
-  defaults), `mqtt.session_expiry_s: 0`.
+  defaults), `mqtt.session_expiry_s: 0`; `--set section.key=value` changes one (e.g.
+  `--set workers.max_wait_ms=60000`: a burst is queued, not shed).
 
 Phases, per consumer and round, after `--warmup` frames are answered:
 - drain: `--frames` frames published as fast as the broker takes them; images/s = results /
@@ -254,7 +255,19 @@ def write_base_config(workdir: Path, models: Path, threads: int) -> Path:
     return path
 
 
-def start_consumer(name: str, base: Path, workdir: Path, address: str) -> ConsumerProcess:
+def parse_sets(texts: list[str]) -> dict:
+    """`--set section.key=value` (value read as YAML) -> start_daemon's overrides."""
+    overrides: dict = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        section, dot, key = name.partition(".")
+        if not sep or not dot or not section or not key:
+            raise ValueError(f"--set {text!r}: expected section.key=value (e.g. workers.max_wait_ms=60000)")
+        overrides.setdefault(section, {})[key] = yaml.safe_load(value)
+    return overrides
+
+
+def start_consumer(name: str, base: Path, workdir: Path, address: str, overrides: dict) -> ConsumerProcess:
     client_id = f"bench-{workdir.name}"
     log = workdir / "consumer.log"
     if name == "naive":
@@ -262,7 +275,7 @@ def start_consumer(name: str, base: Path, workdir: Path, address: str) -> Consum
                "--config", str(base), "--route", ROUTE, "--client-id", client_id]
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env)
-    return start_daemon(base, workdir, client_id, {}, address, log, pythonpath=ROOT)
+    return start_daemon(base, workdir, client_id, overrides, address, log, pythonpath=ROOT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,10 +371,10 @@ _SUBJECT_LABEL = {"astronaut.png": "person", "chelsea.png": "cat", "coffee.png":
 
 
 def one_consumer(run: Run, name: str, base: Path, workdir: Path, n_frames: int, rates: list[str],
-                 duration: float, naive_rps: Optional[float], logs: Path, out: dict) -> None:
+                 duration: float, naive_rps: Optional[float], logs: Path, out: dict, overrides: dict) -> None:
     """Start `name`, run its phases into `out` (what was measured stays there on an error), stop it."""
     logger.info("%s: starting", name)
-    consumer = start_consumer(name, base, workdir, run.address)
+    consumer = start_consumer(name, base, workdir, run.address, overrides)
     try:
         run.warm(consumer, first_frame=0)
         first = run.warmup
@@ -491,12 +504,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-detect"), help="directory for the JSON and logs")
     parser.add_argument("--models", type=Path, default=_default_models(),
                         help="the fetched test models and photos (default $EDGE_INFERD_TEST_MODELS or .cache/test-models)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a daemon config override, e.g. workers.max_wait_ms=60000 (default: none, the "
+                             "daemon's defaults); repeatable")
     parser.add_argument("--max-seconds", type=float, default=MAX_SECONDS, help="bound on the whole run")
     args = parser.parse_args(argv)
     if args.frames < 1 or args.rounds < 1 or args.warmup < 1 or args.duration <= 0:
         parser.error("--frames, --rounds and --warmup must be at least 1, --duration above 0")
     for text in args.rates:
         parse_rate(text, 1.0)
+    try:
+        overrides = parse_sets(args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
     if any(t.endswith("x") for t in args.rates) and "naive" not in args.consumers:
         parser.error("an Nx rate needs the naive consumer")
     missing = [n for n in (SSD, LABELS, *PHOTOS) if not (args.models / n).is_file()]
@@ -539,7 +559,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     this[name] = {}
                     try:
                         one_consumer(run, name, bases[name], workdir, args.frames, args.rates,
-                                     args.duration, naive_rps, logs, this[name])
+                                     args.duration, naive_rps, logs, this[name], overrides)
                     except Timeout:
                         raise
                     except DaemonError as exc:  # record it and go on with the others
@@ -557,7 +577,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary = aggregate(rounds, args.rates)
     report = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "frames": args.frames, "rounds_run": len(rounds), "rates": args.rates, "duration_s": args.duration,
-              "warmup": args.warmup, "frame": {"size": FRAME_SIZE, "jpeg_quality": JPEG_QUALITY,
+              "warmup": args.warmup, "daemon_overrides": overrides, "frame": {"size": FRAME_SIZE, "jpeg_quality": JPEG_QUALITY,
                                                 "shift_px": SHIFT_PX, "grain": GRAIN,
                                                 "mean_bytes": _mean_bytes(frames) if rounds else None},
               "cpus": os.cpu_count(), "seconds": round(time.monotonic() - began, 1),
