@@ -32,6 +32,10 @@ Phases, per consumer and round, after `--warmup` frames are answered:
 - open loop, per `--rates`: frame k published at start + k / rate for `--duration` s;
   "Nx" = N times the naive script's drain rate in the same round; latency p50 / p99.
 
+Each phase also records the cores the consumer used and the cores everything else used
+(/proc/stat: the bench, the broker, other work on a shared machine): with 2 cores, a daemon
+with 2 workers can outrun the one-threaded naive script only while the rest leaves it a core.
+
 A result is a reply with "detections" (a cache hit is counted apart); anything else is an
 error reply, by its code. Progress goes to stderr, the table to stdout, everything to
 OUT/bench_detect.json; consumer logs to OUT/logs. Every process started is stopped in
@@ -101,6 +105,14 @@ MAX_SECONDS = 3600.0
 
 class Timeout(DaemonError):
     pass
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat): shows whether other
+    work left the consumer a second core."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +334,7 @@ class Run:
         sent_at: dict[int, float] = {}
         pub = Publisher(self.host, self.port)
         try:
-            cpu0, start = consumer.cpu_s(), time.perf_counter()
+            cpu0, busy0, start = consumer.cpu_s(), machine_busy_s(), time.perf_counter()
             for n, (i, k) in enumerate(zip(ids, frame_ks)):
                 if rate is not None:
                     delay = start + n / rate - time.perf_counter()
@@ -332,11 +344,15 @@ class Run:
                 pub.publish(i, self.frames.get(k))
             sent_s = time.perf_counter() - start
             self.collector.settle(ids, SETTLE_S, self.deadline)
-            cpu = consumer.cpu_s() - cpu0
+            cpu, busy = consumer.cpu_s() - cpu0, machine_busy_s() - busy0
+            wall = time.perf_counter() - start
             confirmed = pub.confirmed()
         finally:
             pub.close()
-        return summarise(self.collector, ids, frame_ks, self.frames, sent_at, start, sent_s, cpu, confirmed)
+        point = summarise(self.collector, ids, frame_ks, self.frames, sent_at, start, sent_s, cpu, confirmed)
+        # Cores in use over the phase: the consumer's, and everything else's (the bench, the broker, other work).
+        point.update(consumer_cores=round(cpu / wall, 2), other_cores=round(max(busy - cpu, 0.0) / wall, 2))
+        return point
 
 
 def summarise(collector: Collector, ids: range, frame_ks: list[int], frames: Frames, sent_at: dict,
@@ -403,9 +419,10 @@ def one_consumer(run: Run, name: str, base: Path, workdir: Path, n_frames: int, 
 
 
 def _log_point(name: str, what: str, p: dict) -> None:
-    logger.info("%s: %s: %d/%d results, %.1f images/s, %s ms CPU/image, p50 %s p99 %s ms, errors %s, lost %d",
-                name, what, p["results"], p["sent"], p["images_per_s"], p["cpu_ms_per_image"],
-                p["latency_ms"]["p50"], p["latency_ms"]["p99"], p["errors"] or 0, p["lost"])
+    logger.info("%s: %s: %d/%d results, %.1f images/s, %s ms CPU/image, p50 %s p99 %s ms, errors %s, lost %d; "
+                "cores: consumer %.2f, the rest %.2f", name, what, p["results"], p["sent"], p["images_per_s"],
+                p["cpu_ms_per_image"], p["latency_ms"]["p50"], p["latency_ms"]["p99"], p["errors"] or 0, p["lost"],
+                p["consumer_cores"], p["other_cores"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,6 +448,7 @@ def aggregate(rounds: list[dict], rates: list[str]) -> dict:
         for key in ("images_per_s", "cpu_ms_per_image", "cpu_ms_per_answered"):
             entry["drain"][key] = [row["drain"][key] for row in rows]
         entry["drain"]["p99_ms"] = [row["drain"]["latency_ms"]["p99"] for row in rows]
+        entry["drain"]["other_cores"] = [row["drain"]["other_cores"] for row in rows]
         entry["drain"]["results"] = [row["drain"]["results"] for row in rows]
         entry["drain"]["sent"] = [row["drain"]["sent"] for row in rows]
         entry["drain"]["errors"] = [row["drain"]["errors"] for row in rows]
@@ -453,16 +471,28 @@ def aggregate(rounds: list[dict], rates: list[str]) -> dict:
     return summary
 
 
+def per_round(rounds: list[dict]) -> str:
+    """Each round's drain: images/s, CPU ms/image, results and the cores the rest of the machine took."""
+    lines = ["drain per round: images/s, CPU ms/image, results/sent, other cores"]
+    for r, this in enumerate(rounds, 1):
+        cells = [f"{name} {m['drain']['images_per_s']:.1f}/s {m['drain']['cpu_ms_per_image']} ms "
+                 f"{m['drain']['results']}/{m['drain']['sent']} {m['drain']['other_cores']:.2f}"
+                 for name, m in this.items() if "drain" in m]
+        lines.append(f"round {r}: " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def table(summary: dict, rates: list[str]) -> str:
     lines = ["drain (median over rounds, min-max in brackets; ratios to naive within each round)",
              f"{'consumer':<10} {'images/s':>20} {'x naive':>18} {'CPU ms/image':>22} {'x naive':>18} "
-             f"{'p99 ms':>22} {'results/sent':>14}"]
+             f"{'p99 ms':>22} {'results/sent':>14} {'other cores':>18}"]
     for name, e in summary.items():
         d = e["drain"]
         errors = sum(sum(x.values()) for x in d["errors"])
         lines.append(f"{name:<10} {_spread(d['images_per_s']):>20} {_spread(d['rate_vs_naive']):>18} "
                      f"{_spread(d['cpu_ms_per_image']):>22} {_spread(d['cpu_vs_naive']):>18} "
-                     f"{_spread(d['p99_ms']):>22} {sum(d['results']):>7}/{sum(d['sent'])}"
+                     f"{_spread(d['p99_ms']):>22} {sum(d['results']):>7}/{sum(d['sent']):<6} "
+                     f"{_spread(d['other_cores']):>18}"
                      + (f"  errors {errors}" if errors else ""))
     for text in rates:
         lines.append("")
@@ -584,6 +614,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               "summary": summary, "rounds": rounds, "errors": errors}
     (args.out / "bench_detect.json").write_text(json.dumps(report, indent=2))
     print(table(summary, args.rates))
+    print()
+    print(per_round(rounds))
     if errors:
         print("errors: " + "; ".join(errors))
     logger.info("wrote %s in %.0fs", args.out / "bench_detect.json", time.monotonic() - began)
