@@ -100,7 +100,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
     p = f"routes[{i}]"
     m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
                               "min_interval_ms", "coalesce", "reuse",
-                              "escalate"),
+                              "escalate", "cache"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -130,6 +130,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         min_interval_ms=r.get(m, "min_interval_ms", p, float, 0.0, minimum=0),
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
         reuse=read_reuse(r, m, p),
+        cache=r.get(m, "cache", p, (bool, type(None)), None),
         escalate=read_escalate(r, m, p, captures),
     )
 

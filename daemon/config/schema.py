@@ -122,8 +122,15 @@ class RouteConfig:
     answered `superseded`. null: every request is served."""
     reuse: Optional[ReuseConfig] = None
     """Per-device fast path (`routes[].reuse` below): off when absent."""
+    cache: Optional[bool] = field(default=None, metadata={"doc_default": "on, except for image routes"})
+    """Whether this route's results go through the result cache (when `cache.enabled`). Camera
+    frames never repeat exactly, so an image route skips it unless this says true."""
     escalate: Optional[EscalateConfig] = None
     """Confidence cascade: low-confidence results go to a heavier tier (`routes[].escalate` below)."""
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.cache if self.cache is not None else self.input.format != "image"
 
 
 @dataclass(frozen=True)

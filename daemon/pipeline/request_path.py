@@ -26,6 +26,8 @@ from daemon.pipeline.route_pipeline import CacheEntry, Clock, Outcome, Request, 
 def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
                  cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None) -> Outcome:
     """Requests of one route -> one reply each. Errors other than PayloadError propagate."""
+    if not pipe.route.uses_cache:
+        cache = None  # an image route: camera frames never repeat, so a key would cost and save nothing
     stages: dict[str, float] = {}
     started = clock()
     replies: list[Any] = [None] * len(requests)

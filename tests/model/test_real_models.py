@@ -183,3 +183,34 @@ def test_validate_reports_a_detectors_precision_and_recall_on_hand_labelled_phot
     report = __import__("json").loads(capsys.readouterr().out)
     assert (report["n"], report["boxes"]) == (3, 4)
     assert report["recall"] == 1.0 and report["precision"] == 1.0, report
+
+
+class _Cache:
+    """A dict behind the pipeline's ScoreCache protocol."""
+
+    def __init__(self):
+        self.rows: dict = {}
+
+    def get_many(self, keys, invoke_cost_s=0.0):
+        return [self.rows.get(k) for k in keys]
+
+    def put_many(self, items):
+        self.rows.update(items)
+
+
+@pytest.mark.parametrize("route_cache, cached_again", [(None, False), (True, True)])
+def test_an_image_route_skips_the_cache_unless_told(tmp_path, route_cache, cached_again):
+    path = _camera_config(tmp_path)
+    if route_cache is not None:
+        raw = yaml.safe_load(path.read_text())
+        raw["routes"][0]["cache"] = route_cache
+        path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    route = config.routes[0]
+    assert route.uses_cache is bool(route_cache)
+    model = Model(config.models["ssd"].path)
+    pipe, cache, payload = route_pipeline(config, route, model), _Cache(), _jpeg("coffee.png")
+    first = handle(pipe, payload, model, cache, time.monotonic(), time.monotonic)
+    again = handle(pipe, payload, model, cache, time.monotonic(), time.monotonic)
+    assert (first["cached"], again["cached"], bool(cache.rows)) == (False, cached_again, cached_again)
+    assert again["detections"] == first["detections"]
