@@ -33,7 +33,7 @@ _RAGGED = "data must be a (nested) list of numbers with equal-length rows"
 @dataclass(frozen=True)
 class Decoded:
     request_id: Any
-    data: np.ndarray  # float32, exactly the route's input shape
+    data: np.ndarray  # float32 (an image's uint8 pixels), exactly the route's input shape
     timeout_ms: Optional[float] = None  # JSON requests may bound their own wait
     geometry: Optional[Geometry] = None  # an image: where the sent picture lies in the model's input
 
@@ -58,7 +58,7 @@ def decode(payload: bytes, spec: InputConfig, check_finite: bool = True) -> Deco
         array = _decode_npy(payload)
     else:
         array, geometry = _decode_image(payload, spec)
-        return Decoded(None, array.astype(np.float32), None, geometry)  # pixels are finite
+        return Decoded(None, array, None, geometry)  # uint8 pixels: finite, and copied no further here
     data = _conform(array, spec, request_id)
     if check_finite and not np.isfinite(data).all():
         raise PayloadError(BAD_PAYLOAD, NOT_FINITE, request_id)

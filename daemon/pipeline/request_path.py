@@ -64,6 +64,8 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
     and the rows as the model takes them, in real values (an autoencoder's score needs them)."""
     mark = clock()
     x = pipe.preprocess(x)
+    if reuse is not None and x.dtype.kind in "iu":
+        x = x.astype(np.float32)  # reuse measures change in real values (uint8 differences would wrap)
     scores, cached, reused, fresh = _outputs(pipe, x, rows, model, cache, reuse, clock, mark, stages)
     return scores, cached, reused, fresh, x
 
@@ -137,6 +139,8 @@ def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]],
     if not decoded:
         return np.empty((0,))
     x = np.stack([d.data for _, d in decoded])
+    if x.dtype.kind in "iu":  # a picture's pixels: integers are always finite
+        return x
     finite = np.isfinite(x.reshape(len(decoded), -1)).all(axis=1)
     if finite.all():
         return x

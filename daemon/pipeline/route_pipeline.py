@@ -117,7 +117,10 @@ class RoutePipeline:
         return codecs.decode(payload, self.route.input, check_finite)
 
     def preprocess(self, batch: np.ndarray) -> np.ndarray:
-        """(N, *input.shape) in sensor units -> (N, *model input shape) float32."""
+        """(N, *input.shape) in sensor units -> (N, *model input shape) float32; a uint8 image
+        model's pixels stay as they are (no steps, and no copies of a picture)."""
+        if self.pixels_as_is:
+            return batch
         return preprocess.apply_steps(self.route.preprocess, batch)
 
     def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,

@@ -143,7 +143,7 @@ def _png(array: np.ndarray) -> bytes:
 def test_image_rgb_and_gray_decode_to_the_route_shape():
     rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
     decoded = codecs.decode(_png(rgb), InputConfig(format="image", shape=(4, 6, 3)))
-    assert decoded.data.dtype == np.float32 and np.array_equal(decoded.data, rgb)
+    assert decoded.data.dtype == np.uint8 and np.array_equal(decoded.data, rgb)  # pixels, as decoded
     gray = codecs.decode(_png(rgb), InputConfig(format="image", shape=(4, 6)))  # converted to luma by Pillow
     assert gray.data.shape == (4, 6)
 
