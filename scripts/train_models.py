@@ -368,14 +368,21 @@ def threshold_at_fpr(scores: np.ndarray, y: np.ndarray, fpr: float) -> dict:
     return {"threshold": threshold, "fpr": float(np.mean(flagged[y == 0])), "tpr": float(np.mean(flagged[y == 1]))}
 
 
-def train_autoencoder(spec: AutoencoderSpec) -> dict:
-    import tensorflow as tf
-    from sklearn.metrics import roc_auc_score
-    from tensorflow import keras
+@dataclass(frozen=True)
+class AutoencoderData:
+    """An autoencoder spec's data: its preprocessing (as written and parsed), the normal training
+    windows preprocessed, and the test split with labels 0 normal, 1 anomalous."""
+    raw_steps: list
+    steps: list
+    labels: list
+    tr_normal: np.ndarray   # which training windows are normal (only those are trained on)
+    y_bin: np.ndarray
+    xp_tr: np.ndarray
+    x_te: np.ndarray
+    xp_te: np.ndarray
 
-    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+
+def _autoencoder_data(spec: AutoencoderSpec) -> AutoencoderData:
     raw_steps = yaml.safe_load(spec.preprocess_yaml)
     steps = [preprocess.parse_step(s) for s in raw_steps]
     x_tr, y_tr, x_te, y_te, labels = spec.load()
@@ -386,6 +393,11 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
     xp_te = preprocess.apply_steps(steps, x_te)
     print(f"[{spec.name}] train {xp_tr.shape} (normal only), test {xp_te.shape} with {y_bin.sum()} anomalous",
           flush=True)
+    return AutoencoderData(raw_steps, steps, labels, tr_normal, y_bin, xp_tr, x_te, xp_te)
+
+
+def _fit_autoencoder(spec: AutoencoderSpec, xp_tr: np.ndarray):
+    from tensorflow import keras
 
     started = time.time()
     model = spec.build(xp_tr.shape[1:])
@@ -395,30 +407,42 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
     history = model.fit(xp_tr, xp_tr, epochs=spec.epochs, batch_size=spec.batch_size, verbose=0, shuffle=True)
     print(f"[{spec.name}] trained in {time.time() - started:.0f}s, loss {history.history['loss'][-1]:.4f}",
           flush=True)
+    return model
 
-    out = ROOT / spec.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "model_float.tflite").write_bytes(convert(model, xp_tr, quantize=False))
-    (out / "model.tflite").write_bytes(convert(model, xp_tr, quantize=True))
-    np.savez_compressed(out / "test.npz", x=x_te.astype(np.float32), y=y_bin)
 
-    figures = {}
+def _autoencoder_figures(out: Path, data: AutoencoderData, fpr: float, roc_auc_score: Callable) -> dict:
+    """ROC-AUC, mean scores and the threshold at `fpr`, for the float and the INT8 model."""
+    y_bin, figures = data.y_bin, {}
     for kind, path, int8 in (("float", out / "model_float.tflite", False), ("int8", out / "model.tflite", True)):
-        scores = anomaly_scores(path, xp_te, int8)
+        scores = anomaly_scores(path, data.xp_te, int8)
         figures[kind] = {"roc_auc": round(float(roc_auc_score(y_bin, scores)), 4),
                          "mean_score_normal": round(float(scores[y_bin == 0].mean()), 5),
                          "mean_score_anomalous": round(float(scores[y_bin == 1].mean()), 5),
-                         **{k: round(v, 6) for k, v in threshold_at_fpr(scores, y_bin, spec.fpr).items()}}
-    train_scores = anomaly_scores(out / "model.tflite", xp_tr, True)
-    shape_of = lambda path: list(Model(path).output.signature)  # noqa: E731
-    card = {
+                         **{k: round(v, 6) for k, v in threshold_at_fpr(scores, y_bin, fpr).items()}}
+    return figures
+
+
+def _autoencoder_training(spec: AutoencoderSpec, width: int, tf_version: str) -> dict:
+    return {"seed": SEED, "tensorflow": tf_version, "data": "the normal training windows only",
+            "loss": "mse (reconstruction)", "epochs": spec.epochs, "batch_size": spec.batch_size,
+            "schedule": f"Adam, cosine decay from {spec.learning_rate:g}",
+            "architecture": f"{spec.build.__name__}: dense {width}-16(relu)-3-16(relu)-"
+                            f"{width}",
+            "quantization": "post-training full-integer, int8 input and output, per-channel weights, "
+                            "representative data = the preprocessed normal training windows"}
+
+
+def _autoencoder_card(spec: AutoencoderSpec, data: AutoencoderData, out: Path, figures: dict,
+                      train_scores: np.ndarray, tf_version: str) -> dict:
+    y_bin, tr_normal = data.y_bin, data.tr_normal
+    return {
         "name": spec.name, "kind": "autoencoder", "dataset": spec.dataset, "source": spec.source, "notes": spec.notes,
-        "route": {"input": spec.route_input, "preprocess": raw_steps},
-        "preprocessing": preprocess.canonical(steps),
-        "input_shape": list(x_te.shape[1:]), "model_input_shape": list(xp_te.shape[1:]),
-        "model_output_signature": shape_of(out / "model.tflite"),
+        "route": {"input": spec.route_input, "preprocess": data.raw_steps},
+        "preprocessing": preprocess.canonical(data.steps),
+        "input_shape": list(data.x_te.shape[1:]), "model_input_shape": list(data.xp_te.shape[1:]),
+        "model_output_signature": list(Model(out / "model.tflite").output.signature),
         "score": "mean over the window of (preprocessed float input - dequantized output)^2; higher = more anomalous",
-        "normal_labels": list(spec.normal), "anomalous_labels": [v for v in labels if v not in spec.normal],
+        "normal_labels": list(spec.normal), "anomalous_labels": [v for v in data.labels if v not in spec.normal],
         "test_npz": "x: raw windows (N, 24) float32; y: 0 normal, 1 anomalous",
         "n_train_normal": int(tr_normal.sum()), "n_train_unused_anomalous": int((~tr_normal).sum()),
         "n_test": int(len(y_bin)), "n_test_normal": int((y_bin == 0).sum()), "n_test_anomalous": int(y_bin.sum()),
@@ -431,14 +455,31 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
         "float_size_bytes": (out / "model_float.tflite").stat().st_size,
         "sha256": file_sha256(out / "model.tflite"),
         "float_sha256": file_sha256(out / "model_float.tflite"),
-        "training": {"seed": SEED, "tensorflow": tf.__version__, "data": "the normal training windows only",
-                     "loss": "mse (reconstruction)", "epochs": spec.epochs, "batch_size": spec.batch_size,
-                     "schedule": f"Adam, cosine decay from {spec.learning_rate:g}",
-                     "architecture": f"{spec.build.__name__}: dense {xp_tr.shape[1]}-16(relu)-3-16(relu)-"
-                                     f"{xp_tr.shape[1]}",
-                     "quantization": "post-training full-integer, int8 input and output, per-channel weights, "
-                                     "representative data = the preprocessed normal training windows"},
+        "training": _autoencoder_training(spec, data.xp_tr.shape[1], tf_version),
     }
+
+
+def train_autoencoder(spec: AutoencoderSpec) -> dict:
+    # All three imports up front, in this order, as before the split: nothing else runs in between.
+    import tensorflow as tf
+    from sklearn.metrics import roc_auc_score
+    from tensorflow import keras
+
+    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
+    keras.utils.set_random_seed(SEED)
+    tf.config.experimental.enable_op_determinism()
+    data = _autoencoder_data(spec)
+    model = _fit_autoencoder(spec, data.xp_tr)
+
+    out = ROOT / spec.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_float.tflite").write_bytes(convert(model, data.xp_tr, quantize=False))
+    (out / "model.tflite").write_bytes(convert(model, data.xp_tr, quantize=True))
+    np.savez_compressed(out / "test.npz", x=data.x_te.astype(np.float32), y=data.y_bin)
+
+    figures = _autoencoder_figures(out, data, spec.fpr, roc_auc_score)
+    train_scores = anomaly_scores(out / "model.tflite", data.xp_tr, True)
+    card = _autoencoder_card(spec, data, out, figures, train_scores, tf.__version__)
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"[{spec.name}] ROC-AUC float {card['float_roc_auc']:.4f}  int8 {card['int8_roc_auc']:.4f}  "
           f"size {card['size_bytes']} B", flush=True)
@@ -491,6 +532,36 @@ def _int8_constants(path: Path) -> list:
                   if t.type in kinds and model.buffers[t.buffer].data is not None)
 
 
+def _checked_float_interface(name: str, path: Path) -> dict:
+    """The converted model's tensor report; exits unless it is INT8 inside with a float32 interface."""
+    report = _tensor_report(path)
+    if report["input"]["dtype"] != "float32" or report["output"]["dtype"] != "float32" \
+            or not {"QUANTIZE", "DEQUANTIZE"} <= set(report["ops"]) or "int8" not in report["tensor_dtypes"]:
+        raise SystemExit(f"[{name}] not a float-interface INT8 model: {report}")
+    return report
+
+
+def _float_interface_card(spec: FloatInterfaceSpec, base: Spec, labels, steps, xp_tr: np.ndarray, report: dict,
+                          n_test: int, acc: float, same_weights: bool, out: Path, tf_version: str) -> dict:
+    return {
+        "name": spec.name,
+        "purpose": "test fixture: INT8 kernels inside, float32 input and output (not a full-integer model; "
+                   "the daemon's require_int8 check refuses it)",
+        "made_by": f"scripts/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
+                   f"({base.config}, route {base.route}), seed and training (fit_members), converted with "
+                   "optimizations=DEFAULT, the preprocessed training split as representative data and "
+                   "TFLITE_BUILTINS_INT8, but without inference_input_type / inference_output_type",
+        "same_training_as": f"models/{base.name}/model.tflite",
+        "int8_weights_and_int32_biases_identical_to_it": same_weights,
+        "labels": labels, "preprocessing": preprocess.canonical(steps),
+        "model_input_shape": list(xp_tr.shape[1:]), "graph": report,
+        "test_data": spec.test_npz, "n_test": n_test, "accuracy": round(acc, 4),
+        "size_bytes": (out / "model.tflite").stat().st_size, "sha256": file_sha256(out / "model.tflite"),
+        "training": {"seed": SEED, "tensorflow": tf_version, "epochs": base.epochs, "batch_size": base.batch_size,
+                     "architecture": base.build.__name__},
+    }
+
+
 def train_float_interface(spec: FloatInterfaceSpec) -> dict:
     import tensorflow as tf
     from tensorflow import keras
@@ -510,31 +581,13 @@ def train_float_interface(spec: FloatInterfaceSpec) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "model.tflite").write_bytes(convert(int8_model, xp_tr, quantize=True, int8_io=False))
     (out / "labels.txt").write_text("\n".join(labels) + "\n")
-    report = _tensor_report(out / "model.tflite")
-    if report["input"]["dtype"] != "float32" or report["output"]["dtype"] != "float32" \
-            or not {"QUANTIZE", "DEQUANTIZE"} <= set(report["ops"]) or "int8" not in report["tensor_dtypes"]:
-        raise SystemExit(f"[{spec.name}] not a float-interface INT8 model: {report}")
+    report = _checked_float_interface(spec.name, out / "model.tflite")
     with np.load(ROOT / spec.test_npz) as data:
         x_te, y_te = data["x"], data["y"]
     acc = accuracy(out / "model.tflite", preprocess.apply_steps(steps, x_te), y_te, int8=False)
     same_weights = _int8_constants(out / "model.tflite") == _int8_constants(ROOT / base.out_dir / "model.tflite")
-    card = {
-        "name": spec.name,
-        "purpose": "test fixture: INT8 kernels inside, float32 input and output (not a full-integer model; "
-                   "the daemon's require_int8 check refuses it)",
-        "made_by": f"scripts/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
-                   f"({base.config}, route {base.route}), seed and training (fit_members), converted with "
-                   "optimizations=DEFAULT, the preprocessed training split as representative data and "
-                   "TFLITE_BUILTINS_INT8, but without inference_input_type / inference_output_type",
-        "same_training_as": f"models/{base.name}/model.tflite",
-        "int8_weights_and_int32_biases_identical_to_it": same_weights,
-        "labels": labels, "preprocessing": preprocess.canonical(steps),
-        "model_input_shape": list(xp_tr.shape[1:]), "graph": report,
-        "test_data": spec.test_npz, "n_test": int(len(y_te)), "accuracy": round(acc, 4),
-        "size_bytes": (out / "model.tflite").stat().st_size, "sha256": file_sha256(out / "model.tflite"),
-        "training": {"seed": SEED, "tensorflow": tf.__version__, "epochs": base.epochs, "batch_size": base.batch_size,
-                     "architecture": base.build.__name__},
-    }
+    card = _float_interface_card(spec, base, labels, steps, xp_tr, report, int(len(y_te)), acc, same_weights, out,
+                                 tf.__version__)
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"[{spec.name}] accuracy {acc:.4f} on {spec.test_npz}, {report}", flush=True)
     return card
