@@ -113,3 +113,34 @@ def test_a_changed_route_restarts_its_steps_and_keeps_every_request(tmp_path, br
     assert {r["id"] for r in replies} == set(range(201))
     assert json.loads(collector.on("results/r3/activity-v2")[-1].payload)["id"] == 200
     collector.close()
+
+
+def test_a_model_swapped_with_the_cache_on_never_serves_the_old_models_cached_answer(
+        tmp_path, broker, client, start_daemon):
+    """The cache key holds the model's digest: after a hot swap the same input is a miss, answered
+    by the new model, and then the new model's hit. (A key that forgot the model would answer it
+    from the old model's entry, `cached: true`, with the new model's digest on it.)"""
+    model, labels = _activity_copy(tmp_path)
+    config = write_config(tmp_path, cache={"enabled": True, "dir": str(tmp_path / "cache")},
+                          models={"activity": {"path": str(model), "labels": str(labels)},
+                                  "appliance": {"path": str(ROOT / "models/appliance/model.tflite"),
+                                                "labels": str(ROOT / "models/appliance/labels.txt")}})
+    daemon = start_daemon(config, wait_online=client)
+    client.subscribe("results/r4/activity")
+    request = _requests(1)[0]
+    for n in (1, 2):
+        client.publish("sensors/r4/imu", request)
+        client.wait_count("results/r4/activity", n)
+    old = [json.loads(m.payload) for m in client.on("results/r4/activity")]
+    assert [r["cached"] for r in old] == [False, True]
+    # The same graph with 16 bytes appended: the same int8 input tensor and answers, another digest.
+    model.write_bytes(model.read_bytes() + b"\0" * 16)
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert daemon.wait_for_log("reload: applied (models swapped: activity)"), daemon.log()[-3000:]
+    for n in (3, 4):
+        client.publish("sensors/r4/imu", request)
+        client.wait_count("results/r4/activity", n)
+    new = [json.loads(m.payload) for m in client.on("results/r4/activity")][2:]
+    assert [r["cached"] for r in new] == [False, True]
+    assert {r["model_sha256"] for r in new} != {old[0]["model_sha256"]}
+    assert new[0]["label"] == old[0]["label"]
