@@ -62,7 +62,7 @@ class ResultCache:
         self._clock = clock
         self._ttl_s = config.ttl_s or math.inf
         self._lock = threading.Lock()  # guards the LRU and the counters below
-        self._hits = self._disk_hits = self._misses = self._disk_skipped = 0
+        self._hits = self._disk_hits = self._misses = 0
         budget = config.memory_mb * _MIB if config.enabled else 0
         self._memory = MemoryLRU(budget) if budget > 0 else None
         self._disk: Optional[DiskTier] = None
@@ -138,9 +138,8 @@ class ResultCache:
                 if self._memory is not None:
                     self._memory.put(keys[i], value, expires_at)
 
-    def put_many(self, items: Sequence[tuple[str, np.ndarray]], invoke_cost_s: float = math.inf) -> None:
-        """Into memory now; onto the disk later, by the writer thread, but only for a model whose
-        invoke (per sample) costs more than a disk read: `get_many` would never read it back."""
+    def put_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Into memory now; onto the disk later, by the writer thread."""
         if not items:
             return
         frozen = [(key, _frozen(scores)) for key, scores in items]
@@ -149,18 +148,12 @@ class ResultCache:
             with self._lock:
                 for key, value in frozen:
                     self._memory.put(key, value, expires_at)
-        disk = self._disk
-        if disk is None:
-            return
-        if disk.read_cost_s and invoke_cost_s <= disk.read_cost_s:  # 0: not measured yet, so write
-            with self._lock:
-                self._disk_skipped += len(frozen)
-            return
-        disk.enqueue(frozen)
+        if self._disk is not None:
+            self._disk.enqueue(frozen)
 
     def snapshot(self) -> dict:
         with self._lock:
-            hits, disk_hits, misses, skipped = self._hits, self._disk_hits, self._misses, self._disk_skipped
+            hits, disk_hits, misses = self._hits, self._disk_hits, self._misses
             entries = len(self._memory) if self._memory is not None else 0
             used = self._memory.bytes if self._memory is not None else 0
         disk = self._disk or self._closed_disk
@@ -169,7 +162,6 @@ class ResultCache:
                 "hit_rate": (hits + disk_hits) / total if total else 0.0,
                 "writes": disk.writes if disk else 0, "write_batches": disk.write_batches if disk else 0,
                 "dropped_writes": disk.dropped_writes if disk else 0,
-                "disk_skipped": skipped,
                 "disk": self._disk.state if self._disk else OFF,
                 "disk_read_us": round(disk.read_cost_s * 1e6, 1) if disk else None}
 

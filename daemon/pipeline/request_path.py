@@ -54,7 +54,7 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
                                           orders[row] if classify else None,
                                           None if reuse is None else reused[row], x[row], d.geometry)
         stages["postprocess"] = clock() - now
-    return Outcome(replies, fresh, stages, model.cost_per_sample_s)
+    return Outcome(replies, fresh, stages)
 
 
 def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
@@ -205,4 +205,4 @@ def store(cache: Optional[ScoreCache], outcome: Outcome) -> None:
     """The results `handle_batch` computed, into the cache: the caller does it after replying, so
     the write is never on the reply path; the cache is read and written here only."""
     if cache is not None and outcome.fresh:
-        cache.put_many(outcome.fresh, outcome.invoke_cost_s)
+        cache.put_many(outcome.fresh)

@@ -5,7 +5,6 @@ sees the model, the cache and the reuse state through."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
@@ -50,7 +49,7 @@ class Runner(Protocol):
 
 class ScoreCache(Protocol):
     def get_many(self, keys: Sequence[str], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]: ...
-    def put_many(self, items: Sequence[CacheEntry], invoke_cost_s: float = math.inf) -> None: ...
+    def put_many(self, items: Sequence[CacheEntry]) -> None: ...
 
 
 class ReuseState(Protocol):
@@ -85,9 +84,6 @@ class Outcome:
     replies: list[dict]
     fresh: list[CacheEntry] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
-    invoke_cost_s: float = math.inf
-    """Per sample, of the costliest model that computed `fresh` (unknown: inf): the cache writes
-    its disk tier only for results it would read back rather than compute again."""
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,6 @@ class Cascade:
                 reply["tier"] = TIER_LARGE
                 outcome.replies[i] = reply
         outcome.fresh.extend(large.fresh)
-        outcome.invoke_cost_s = max(outcome.invoke_cost_s, large.invoke_cost_s)
         for stage, seconds in large.stages.items():
             outcome.stages[stage] = outcome.stages.get(stage, 0.0) + seconds  # the request's cost, both tiers
         return outcome

@@ -207,21 +207,6 @@ def test_the_disk_is_read_only_when_the_model_costs_more_than_a_read(tmp_path):
     assert (cache.snapshot()["disk_hits"], cache.snapshot()["hits"]) == (1, 1)
 
 
-def test_the_disk_is_written_only_for_a_model_it_would_be_read_for(tmp_path):
-    """Symmetric with the read rule: a cheap model's results stay in memory (and are counted as
-    skipped); a costlier one's go to disk. With no read timed yet, results are written."""
-    disk = FakeDisk()
-    cache = ResultCache(_config(tmp_path / "c"), disk=disk)
-    read_cost = cache.snapshot()["disk_read_us"] / 1e6
-    assert read_cost > 0  # the tier's probe read at open
-    cache.put_many([("cheap", _vec(1.0))], invoke_cost_s=read_cost / 2)
-    cache.put_many([("dear", _vec(2.0))], invoke_cost_s=read_cost * 1000 + 1.0)
-    assert cache.flush(WAIT_S)
-    assert sorted(disk.rows) == ["dear"] and cache.snapshot()["disk_skipped"] == 1
-    assert cache.get_many(["cheap"], invoke_cost_s=read_cost / 2)[0].tolist() == [1.0]  # memory has it
-    cache.close()
-
-
 def test_disk_failures_are_reported_once_and_never_raise(tmp_path, caplog):
     disk = FakeDisk()
     cache = ResultCache(_config(tmp_path / "c", memory_mb=0), disk=disk)

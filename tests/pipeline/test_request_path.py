@@ -44,7 +44,7 @@ class DictCache:
     def get_many(self, keys, invoke_cost_s=0.0):
         return [self.rows.get(k) for k in keys]
 
-    def put_many(self, items, invoke_cost_s=float("inf")):
+    def put_many(self, items):
         self.rows.update(items)
 
 
