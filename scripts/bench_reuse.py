@@ -7,7 +7,7 @@
 Each class's test series are joined into one long recording, one device per class, and
 each device sends overlapping sliding windows of the route's input length, `--step` of a
 window apart; every window is labelled with its class. Each round (one window per
-device) goes through the real pipeline (`daemon.pipeline.handle_batch`, the daemon's
+device) goes through the real pipeline (`daemon.pipeline.request_path.handle_batch`, the daemon's
 model and preprocessing, no result cache) on a virtual clock advancing `--period`
 seconds per round, either as one batch (`--batch round`: a loaded daemon, whose workers
 batch what queued up) or one request per call (`--batch 1`: a lightly loaded daemon,

@@ -4,10 +4,10 @@
     python scripts/measure_cascade.py [--repeat 5]
 
 Runs models/appliance/test.npz (ACSF1's held-out split) through the daemon's own pipeline
-(`daemon.pipeline.handle_batch`, one request per call as a worker sees a lone request, JSON
+(`daemon.pipeline.request_path.handle_batch`, one request per call as a worker sees a lone request, JSON
 payloads, no cache) three ways: the fast model (`appliance`) alone, the large model
 (`appliance_large`) alone, and the cascade (`escalate: {to_model: appliance_large}`,
-`daemon.cascade.Cascade.run_local`). CPU is `time.process_time()` over the split (all
+`daemon.serve.cascade.Cascade.run_local`). CPU is `time.process_time()` over the split (all
 threads, decoding and preprocessing included), divided by the number of requests.
 
 ACSF1 has no validation split (100 train / 100 test), and training-split scores are

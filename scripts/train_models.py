@@ -7,7 +7,7 @@
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
 (config.yaml; models/appliance_large/config.yaml; the test fixture's for `digits`), runs the daemon's own
-`daemon.preprocess` code over real data, trains a small Keras model on exactly that
+`daemon.model.preprocess` code over real data, trains a small Keras model on exactly that
 output, converts it to a float reference (`model_float.tflite`) and to a full-integer
 INT8 model (`model.tflite`, int8 in and out), scores both with `daemon.runtime`, and
 writes `labels.txt`, `test.npz` (held-out split, sensor units) and `card.json`.

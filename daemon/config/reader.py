@@ -287,7 +287,7 @@ def systemd_base(variable: str, config_dir: Path) -> Path:
 
 
 def read_steps(r: Reader, m: Any, p: str) -> tuple:
-    """`p.preprocess`: a list of daemon.preprocess steps (each bad one reported by its index)."""
+    """`p.preprocess`: a list of daemon.model.preprocess steps (each bad one reported by its index)."""
     steps = r.get(m, "preprocess", p, list, []) or []
     out = []
     for j, item in enumerate(steps):

@@ -1,6 +1,6 @@
 """The `reuse` route key: the per-device fast path's settings (daemon/pipeline/reuse.py), read and checked.
 
-Split from config.py (which re-exports `ReuseConfig`), like config_cascade.py.
+The frozen section and its reader, like escalate.py.
 """
 
 from __future__ import annotations

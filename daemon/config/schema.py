@@ -91,7 +91,7 @@ class RouteConfig:
     input: InputConfig
     """How request payloads are decoded (`routes[].input` below)."""
     preprocess: tuple = field(metadata={"doc_default": "`[]`", "doc_type": "list of steps"})
-    """Steps from `daemon.preprocess`, applied in order (see Preprocess steps below)."""
+    """Steps from `daemon.model.preprocess`, applied in order (see Preprocess steps below)."""
     top_k: int = field(metadata={"yaml": "output.top_k", "doc_default": DEFAULT_TOP_K})
     """classify: how many (label, score) pairs a result lists."""
     publish: str
