@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Mapping, Optional, TypeVar
 
 from daemon import topics
-from daemon.config.reader import Reader, read_steps
+from daemon.config.reader import Reader, optional_float, read_steps
 
 Route = TypeVar("Route")  # schema.RouteConfig, which imports this module
 
@@ -81,13 +81,11 @@ def read_escalate(r: Reader, m: Mapping, p: str, captures: Optional[int]) -> Opt
     if to_topic is not None and (err := topics.template_error(to_topic, captures)):
         r.error(e, "to_topic", p, err.replace("publish template", "to_topic"))
     return EscalateConfig(
-        score_below=_float(thresholds["score_below"]), margin_below=_float(thresholds["margin_below"]),
+        score_below=optional_float(thresholds["score_below"]),
+        margin_below=optional_float(thresholds["margin_below"]),
         to_model=to_model, preprocess=steps, to_topic=to_topic,
         timeout_ms=float(r.get(e, "timeout_ms", p, (int, float), DEFAULT_TIMEOUT_MS, minimum=1)),
         max_rate_per_s=float(r.get(e, "max_rate_per_s", p, (int, float), DEFAULT_MAX_RATE_PER_S, minimum=0)),
     )
 
-
-def _float(value: Any) -> Optional[float]:
-    return None if value is None else float(value)
 

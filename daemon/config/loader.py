@@ -18,7 +18,7 @@ from daemon import topics
 from daemon.config.check import cross_check
 from daemon.config.escalate import read_escalate
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
-from daemon.config.reader import Reader, field_names, load_yaml, read_steps, systemd_base
+from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
@@ -152,12 +152,8 @@ def _read_output(r: Reader, m: Mapping, p: str) -> dict:
         "top_k": r.get(o, "top_k", p, int, DEFAULT_TOP_K, minimum=1),
         "min_score": float(r.get(o, "min_score", p, (int, float), DEFAULT_MIN_SCORE, minimum=0)),
         "max_results": r.get(o, "max_results", p, int, DEFAULT_MAX_RESULTS, minimum=1),
-        "threshold": _optional_float(r.get(o, "threshold", p, (int, float, type(None)), None, minimum=0)),
+        "threshold": optional_float(r.get(o, "threshold", p, (int, float, type(None)), None, minimum=0)),
     }
-
-
-def _optional_float(value: Optional[float]) -> Optional[float]:
-    return None if value is None else float(value)
 
 
 def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:

@@ -298,6 +298,11 @@ def read_steps(r: Reader, m: Any, p: str) -> tuple:
     return tuple(out)
 
 
+def optional_float(value: Any) -> Optional[float]:
+    """A number read from YAML as a float, None as None."""
+    return None if value is None else float(value)
+
+
 def field_names(cls: type) -> tuple[str, ...]:
     """The YAML keys of a section: its dataclass's fields, less those derived after reading."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)

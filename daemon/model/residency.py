@@ -46,7 +46,7 @@ class ModelInfo:
 
     sha256: str
     labels_sha256: str
-    interface: Optional[Interface] = None
+    interface: Interface
     """Its tensors, for the routes' post-processing (daemon/pipeline/postprocess.py)."""
 
     @property

@@ -180,11 +180,12 @@ class Model:
         factory = interpreter_factory or _interpreter_class(self.backend)
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
-        self.num_threads = num_threads
         interp, self.interface = self._open(require_int8)
         self.input = self.interface.inputs[0]
         self.outputs = self.interface.outputs
         self.output = self.outputs[0]  # the first (a classifier's only) output
+        # Values per sample over all outputs, flattened and concatenated in output order.
+        self.num_outputs = sum(spec.sample_size for spec in self.outputs)
         native = self.input.shape[0]
         self._interps: dict[int, Any] = {native: interp}
         self.buckets = bucket_sizes(max_batch) if self.batchable else (native,)
@@ -204,16 +205,6 @@ class Model:
     def sample_shape(self) -> tuple[int, ...]:
         """The input shape of one sample (without the batch dimension)."""
         return self.input.shape[1:]
-
-    @property
-    def num_outputs(self) -> int:
-        """Values per sample over all outputs, flattened and concatenated in output order."""
-        return sum(spec.sample_size for spec in self.outputs)
-
-    @property
-    def output_layout(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """(name, per-sample shape) of each output, in the order `infer` concatenates them."""
-        return tuple((spec.name, spec.sample_shape) for spec in self.outputs)
 
     @property
     def batchable(self) -> bool:

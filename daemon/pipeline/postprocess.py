@@ -13,20 +13,19 @@ in that row; each kind reads its own part:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, RouteConfig
-from daemon.model.interface import Interface, SsdOutputs, TensorSpec, ssd_outputs, yolo_output
+from daemon.model.interface import Interface, SsdOutputs, TensorSpec, ssd_outputs
 from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.kinds import anomaly, detect
 
 VALUE_DECIMALS = 6
 
 
-class Labelled(Protocol):
-    def __call__(self, index: int) -> str: ...
+Labelled = Callable[[int], str]  # a label by output index or class id
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,7 @@ class ModelOutputs:
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]  # start of each output in the row; the last entry is the row's length
     input_size: tuple[int, int]  # (width, height) of an image model's input, else (1, 1)
-    ssd: Optional[SsdOutputs] = None
-    yolo: bool = False
+    ssd: Optional[SsdOutputs] = None  # None: the YOLO layout (check-config allows no other detector)
 
     @classmethod
     def of(cls, interface: Interface) -> "ModelOutputs":
@@ -49,13 +47,13 @@ class ModelOutputs:
         shape = interface.inputs[0].sample_shape if interface.inputs else ()
         size = (shape[1], shape[0]) if len(shape) >= 2 else (1, 1)
         return cls(tuple(s.name for s in specs), tuple(s.sample_shape for s in specs), tuple(offsets), size,
-                   ssd_outputs(specs), yolo_output(specs))
+                   ssd_outputs(specs))
 
     def part(self, row: np.ndarray, index: int) -> np.ndarray:
         return row[self.offsets[index]:self.offsets[index + 1]].reshape(self.shapes[index])
 
 
-def fields(route: RouteConfig, labels: Labelled, outputs: ModelOutputs, row: np.ndarray,
+def fields(route: RouteConfig, labels: Labelled, outputs: Optional[ModelOutputs], row: np.ndarray,
            order: Optional[np.ndarray] = None, x: Optional[np.ndarray] = None,
            geometry: Optional[Geometry] = None) -> dict[str, Any]:
     """The kind's fields of one reply. `x`: the model's real-valued input row (anomaly);

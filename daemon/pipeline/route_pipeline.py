@@ -21,8 +21,6 @@ from daemon.pipeline.postprocess import ModelOutputs
 
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
-# The layout of a classifier's one output, for pipelines built without the model (unit tests).
-_ONE_OUTPUT = ModelOutputs(("scores",), ((-1,),), (0, -1), (1, 1))
 
 Clock = Callable[[], float]
 CacheEntry = tuple[str, np.ndarray]
@@ -130,10 +128,7 @@ class RoutePipeline:
         classifier scores) -> a result. `x` and `geometry`: see postprocess.fields."""
         reply = {"id": request_id, "route": self.route.name, "model": self.route.model,
                  "model_sha256": self.model_sha256[:SHA_PREFIX]}
-        if self.outputs is None:  # a classifier built without its model's interface (unit tests)
-            reply.update(postprocess.fields(self.route, self.label, _ONE_OUTPUT, scores, order))
-        else:
-            reply.update(postprocess.fields(self.route, self.label, self.outputs, scores, order, x, geometry))
+        reply.update(postprocess.fields(self.route, self.label, self.outputs, scores, order, x, geometry))
         reply["cached"] = cached
         reply["latency_ms"] = round(latency_ms, 3)
         if reused is not None:  # only on routes with `reuse` configured

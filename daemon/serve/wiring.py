@@ -33,7 +33,6 @@ class Serving:
     intake: Intake
     pool: WorkerPool[Job, WorkerContext]
     admission: Admission
-    batches: BatchProcessor
     replier: Replier
     routes: RouteTable
     rate: DeviceRate
@@ -96,4 +95,4 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
     intake = Intake(routes, rate, admission, pool.submit, replier, stats, remote, clock)
-    return Serving(intake, pool, admission, batches, replier, routes, rate, reuse, remote)
+    return Serving(intake, pool, admission, replier, routes, rate, reuse, remote)
