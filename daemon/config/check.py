@@ -109,8 +109,6 @@ def _check_route_shape(r: Reader, m: Any, p: str, route: RouteConfig, model: Mod
     except ValueError as exc:
         r.error(m, "preprocess", p, str(exc))
         return
-    if shape == model.sample_shape[:-1] and model.sample_shape[-1:] == (1,) and route.input.format == "image":
-        return  # a grayscale picture [H, W] for a model that takes [H, W, 1]: the decoder adds the axis
     if shape != model.sample_shape:
         r.error(m, "input", p, f"shape {list(route.input.shape)} becomes {list(shape)} after "
                 f"preprocessing, but model {route.model!r} takes {list(model.sample_shape)}")
