@@ -3,7 +3,7 @@
 
     python scripts/naive_baseline.py HOST:PORT   (serves the `activity` route of config.yaml)
 
-A thin wrapper over `daemon.baselines` (`python -m daemon.baselines naive --broker HOST:PORT`),
+A thin wrapper over `daemon.tools.baselines` (`python -m daemon.tools.baselines naive --broker HOST:PORT`),
 which `edge-inferd bench e2e` runs side by side with the daemon.
 """
 

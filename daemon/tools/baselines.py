@@ -1,9 +1,9 @@
 """Reference consumers and a raw-payload load generator for `edge-inferd bench e2e`.
 
-    python -m daemon.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
-    python -m daemon.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]
-    python -m daemon.baselines naive-detect --broker HOST:PORT --config C --route R
-    python -m daemon.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
+    python -m daemon.tools.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.tools.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.tools.baselines naive-detect --broker HOST:PORT --config C --route R
+    python -m daemon.tools.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
 - `echo`: the transport floor. Bare paho 2.x (MQTT v5, TCP_NODELAY), subscribed to the
   route's filter at QoS 1; `on_message` publishes a 16-byte reply carrying the request's

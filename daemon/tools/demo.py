@@ -184,11 +184,13 @@ def run_demo(config_path: Path, limit: int = 0, quiet: bool = False, verbose: bo
         served = config_path if skipped else demo_camera.with_camera(config_path, camera, Path(tmp))
         config = load_config(served)
         runs = _route_runs(config, limit, None if skipped else camera)
-        return _serve(served, config, runs, Path(tmp), (None if quiet else verbose, skipped))
+        return _serve(served, config, runs, Path(tmp), None if quiet else verbose, skipped)
 
 
-def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Path, printing: tuple) -> bool:
-    """The broker and the daemon on `config_path`, the replay (`printing`: verbose, skipped), then the stop."""
+def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Path, verbose: Optional[bool],
+           skipped: Optional[str]) -> bool:
+    """The broker and the daemon on `config_path`, the replay (replies printed unless `verbose` is
+    None; `skipped`: why the camera is not shown), then the stop."""
     with Broker() as broker:
         print(f"broker: mosquitto on {broker.address}")
         cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config_path), "--broker", broker.address]
@@ -198,7 +200,7 @@ def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Pa
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:
-            replayed = _replay(client, daemon, runs, *printing)
+            replayed = _replay(client, daemon, runs, verbose, skipped)
             return _stop(client, daemon) and replayed
         finally:
             client.close()

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import io
 import json
-import struct
-import zlib
 
 import yaml
 from PIL import Image
 
+from tests.fakes import png_claiming
 from tests.integration.conftest import Client
 from tests.real_models import real_model
 
@@ -42,21 +41,13 @@ def _jpeg(name: str, size: tuple[int, int]) -> bytes:
     return buf.getvalue()
 
 
-def _bomb_png(width: int, height: int) -> bytes:
-    """A tiny PNG whose header claims width x height pixels."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-
-
 def test_frames_of_any_size_are_answered_with_boxes_in_their_own_pixels(tmp_path, client: Client, start_daemon):
     start_daemon(_config(tmp_path), wait_online=client)
     client.subscribe(REPLIES)
     frames = {b"person-640": (_jpeg("astronaut.png", (640, 480)), COCO_PERSON, (640, 480)),
               b"cat-1280": (_jpeg("chelsea.png", (1280, 720)), COCO_CAT, (1280, 720)),
               b"cup-320": (_jpeg("coffee.png", (320, 480)), COCO_CUP, (320, 480)),
-              b"bomb": (_bomb_png(60_000, 60_000), None, None),
+              b"bomb": (png_claiming(60_000, 60_000), None, None),
               b"garbage": (b"\xff\xd8 not a jpeg at all", None, None)}
     for corr, (payload, _, _) in frames.items():
         client.publish("cameras/door/jpeg", payload, response_topic=REPLIES, correlation=corr)

@@ -27,26 +27,30 @@ def setup():
         return config, model, data["x"], data["y"]
 
 
-def _reply(config, model, route_name: str, day: np.ndarray) -> dict:
-    route = next(r for r in config.routes if r.name == route_name)
+def _route(config, name: str):
+    return next(r for r in config.routes if r.name == name)
+
+
+def _reply(pipe, model, day: np.ndarray) -> dict:
     payload = json.dumps({"id": 1, "data": day.tolist()}).encode()
-    return handle(route_pipeline(config, route, model), payload, model, None, time.monotonic(), time.monotonic)
+    return handle(pipe, payload, model, None, time.monotonic(), time.monotonic)
 
 
 def test_an_anomaly_reply_is_the_reconstruction_error_of_the_standardized_day(setup):
     config, model, x, y = setup
-    day = x[0]
-    reply = _reply(config, model, "load", day)
+    day, route = x[0], _route(config, "load")
+    reply = _reply(route_pipeline(config, route, model), model, day)
     z = (day - day.mean()) / max(day.std(), 1e-6)
     expected = float(np.mean((z - model.infer(z[None].astype(np.float32))[0]) ** 2))
     assert reply["anomaly_score"] == pytest.approx(expected, abs=1e-6)
-    assert reply["anomaly"] == (expected > 0.0776) and reply["threshold"] == 0.0776
+    assert reply["anomaly"] == (expected > route.threshold) and reply["threshold"] == route.threshold
     assert {"id", "route", "model", "model_sha256", "cached", "latency_ms"} <= set(reply) and "label" not in reply
 
 
 def test_the_threshold_flags_anomalous_days_far_more_often_than_normal_ones(setup):
     config, model, x, y = setup
-    flagged = np.array([_reply(config, model, "load", day)["anomaly"] for day in x[:200]])
+    pipe = route_pipeline(config, _route(config, "load"), model)
+    flagged = np.array([_reply(pipe, model, day)["anomaly"] for day in x[:200]])
     normal, anomalous = flagged[y[:200] == 0].mean(), flagged[y[:200] == 1].mean()
     assert normal < 0.1 and anomalous > 0.8  # the card: 4.9 % and 89.5 % on the whole split
 
@@ -61,7 +65,7 @@ def test_validate_reproduces_the_cards_roc_auc_and_threshold(setup):
 
 def test_a_values_reply_carries_every_output_by_name(setup, tmp_path):
     config, model, x, _ = setup
-    reply = _reply(config, model, "load-profile", x[3])
+    reply = _reply(route_pipeline(config, _route(config, "load-profile"), model), model, x[3])
     (name,) = reply["values"]
     assert name == model.output.name and len(reply["values"][name]) == 24
     z = (x[3] - x[3].mean()) / max(x[3].std(), 1e-6)

@@ -6,16 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daemon.model.interface import (SSD, YOLO, Interface, TensorSpec, detector_layout, guess_kind, ssd_outputs)
-
-
-def _spec(shape, dtype=np.float32, name="t", scale=0.0, zero_point=0, index=0) -> TensorSpec:
-    return TensorSpec(index, name, tuple(shape), tuple(shape), np.dtype(dtype), scale, zero_point)
+from daemon.model.interface import SSD, YOLO, Interface, TensorSpec, detector_layout, guess_kind, ssd_outputs
+from tests.fakes import tensor_spec
 
 
 def _outputs(*shapes, names=None) -> tuple[TensorSpec, ...]:
     names = names or [f"out{i}" for i in range(len(shapes))]
-    return tuple(_spec(s, name=n, index=i) for i, (s, n) in enumerate(zip(shapes, names)))
+    return tuple(tensor_spec(s, name=n, index=i) for i, (s, n) in enumerate(zip(shapes, names)))
 
 
 @pytest.mark.parametrize("shapes", [[(1, 20, 4), (1, 20), (1, 20), (1,)], [(1, 10, 4), (1, 10), (1, 10), (1, 1)]])
@@ -47,8 +44,8 @@ def _interface(inputs, outputs, ops=(), quantized=10, resources=0) -> Interface:
 
 
 def test_the_guess_names_each_kind():
-    image = _spec((1, 300, 300, 3), np.uint8, scale=0.0078125, zero_point=128)
-    window = _spec((1, 50, 6), np.int8, scale=0.05, zero_point=1)
+    image = tensor_spec((1, 300, 300, 3), np.uint8, scale=0.0078125, zero_point=128)
+    window = tensor_spec((1, 50, 6), np.int8, scale=0.05, zero_point=1)
     assert guess_kind(_interface([image], _outputs((1, 20, 4), (1, 20), (1, 20), (1,))))[0] == "detect"
     assert guess_kind(_interface([window], _outputs((1, 4))))[0] == "classify"
     assert guess_kind(_interface([window], _outputs((1, 50, 6))))[0] == "anomaly"
@@ -57,19 +54,19 @@ def test_the_guess_names_each_kind():
 
 
 def test_the_reasons_a_model_cannot_be_served():
-    window = _spec((1, 50, 6), np.int8, scale=0.05, zero_point=1)
+    window = tensor_spec((1, 50, 6), np.int8, scale=0.05, zero_point=1)
     assert _interface([window], _outputs((1, 4))).problems() == []
-    two = _interface([window, _spec((1, 3), name="mask")], _outputs((1, 4))).problems()
+    two = _interface([window, tensor_spec((1, 3), name="mask")], _outputs((1, 4))).problems()
     assert two == ["takes 2 inputs (t, mask); edge-inferd feeds one tensor per request"]
     stateful = _interface([window], _outputs((1, 4)), resources=2).problems()
     assert len(stateful) == 1 and "stateful streaming model (2 resource tensors)" in stateful[0]
-    floats = _interface([_spec((1, 50, 6))], _outputs((1, 4)), quantized=0)
+    floats = _interface([tensor_spec((1, 50, 6))], _outputs((1, 4)), quantized=0)
     assert floats.problems() and "is a float model" in floats.problems()[0] and floats.problems(require_int8=False) == []
-    raw_int = _interface([_spec((1, 50, 6), np.int8)], _outputs((1, 4)))
+    raw_int = _interface([tensor_spec((1, 50, 6), np.int8)], _outputs((1, 4)))
     assert "int8 unquantized" in raw_int.problems()[0]
 
 
 def test_a_quantized_tensor_says_what_real_values_its_integers_stand_for():
-    spec = _spec((1, 300, 300, 3), np.uint8, "image", 0.0078125, 128)
-    assert spec.real_range() == (-1.0, 127 * 0.0078125) and _spec((1, 4)).real_range() is None
+    spec = tensor_spec((1, 300, 300, 3), np.uint8, "image", 0.0078125, 128)
+    assert spec.real_range() == (-1.0, 127 * 0.0078125) and tensor_spec((1, 4)).real_range() is None
     assert "real values -1 .. 0.9922" in spec.describe() and "batch 1" in spec.describe()

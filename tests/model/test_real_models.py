@@ -21,6 +21,7 @@ from daemon.model.runtime import Model
 from daemon.pipeline import images
 from daemon.pipeline.request_path import handle
 from daemon.pipeline.route_pipeline import route_pipeline
+from tests.fakes import DictCache
 from tests.real_models import real_model
 
 SSD = "ssd_mobilenet_v2_coco_quant.tflite"
@@ -185,19 +186,6 @@ def test_validate_reports_a_detectors_precision_and_recall_on_hand_labelled_phot
     assert report["recall"] == 1.0 and report["precision"] == 1.0, report
 
 
-class _Cache:
-    """A dict behind the pipeline's ScoreCache protocol."""
-
-    def __init__(self):
-        self.rows: dict = {}
-
-    def get_many(self, keys, invoke_cost_s=0.0):
-        return [self.rows.get(k) for k in keys]
-
-    def put_many(self, items):
-        self.rows.update(items)
-
-
 @pytest.mark.parametrize("route_cache, cached_again", [(None, False), (True, True)])
 def test_an_image_route_skips_the_cache_unless_told(tmp_path, route_cache, cached_again):
     path = _camera_config(tmp_path)
@@ -209,7 +197,7 @@ def test_an_image_route_skips_the_cache_unless_told(tmp_path, route_cache, cache
     route = config.routes[0]
     assert route.uses_cache is bool(route_cache)
     model = Model(config.models["ssd"].path)
-    pipe, cache, payload = route_pipeline(config, route, model), _Cache(), _jpeg("coffee.png")
+    pipe, cache, payload = route_pipeline(config, route, model), DictCache(), _jpeg("coffee.png")
     first = handle(pipe, payload, model, cache, time.monotonic(), time.monotonic)
     again = handle(pipe, payload, model, cache, time.monotonic(), time.monotonic)
     assert (first["cached"], again["cached"], bool(cache.rows)) == (False, cached_again, cached_again)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from daemon.errors import PayloadError
 from daemon.pipeline.geometry import Geometry
 from daemon.config.schema import LETTERBOX, RESIZE_MODES, STRETCH
 from daemon.pipeline.images import LETTERBOX_PAD, decode_image
+from tests.fakes import png_claiming
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 BOMB_SIDE = 60_000  # 3.6 gigapixels: ~11 GB as RGB
@@ -37,14 +37,6 @@ def _smooth(width: int, height: int) -> np.ndarray:
     yy, xx = np.mgrid[0:height, 0:width]
     return np.stack([xx * 255 / (width - 1), yy * 255 / (height - 1), (xx + yy) * 127 / (width + height)],
                     axis=-1).astype(np.uint8)
-
-
-def _png_claiming(width: int, height: int) -> bytes:
-    """A ~60-byte PNG whose IHDR claims width x height (valid CRCs, a one-byte IDAT)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00")) + chunk(b"IEND", b"")
 
 
 def _jpeg_claiming(width: int, height: int) -> bytes:
@@ -159,7 +151,7 @@ def test_sixteen_bit_grayscale_keeps_the_high_byte_instead_of_clipping():
     assert pixels[0, :, 0].tolist() == [0x00, 0x12, 0x80, 0xFF]
 
 
-@pytest.mark.parametrize("bomb", [_png_claiming, _jpeg_claiming])
+@pytest.mark.parametrize("bomb", [png_claiming, _jpeg_claiming])
 def test_a_bomb_is_too_large_from_its_header_alone(bomb):
     # Decoding the one-byte IDAT (or 8x8 scan) at 60000x60000 would fail as bad_payload.
     error = _error(bomb(BOMB_SIDE, BOMB_SIDE))
@@ -178,7 +170,7 @@ def test_pillows_global_limit_neither_refuses_what_we_allow_nor_is_needed(monkey
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # Pillow alone would refuse 64x64 as a bomb
     assert decode_image(_halves(64, 64), 32, 32, 3)[0].shape == (32, 32, 3)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # Pillow's check turned off elsewhere
-    assert _error(_png_claiming(BOMB_SIDE, BOMB_SIDE)).code == "too_large"
+    assert _error(png_claiming(BOMB_SIDE, BOMB_SIDE)).code == "too_large"
 
 
 def test_truncated_files_are_bad_payload():

@@ -10,6 +10,7 @@ from daemon.config.schema import InputConfig, RouteConfig
 from daemon.pipeline.route_pipeline import Request, RoutePipeline
 from daemon.pipeline.request_path import handle, handle_batch
 from daemon.model.preprocess import Downsample
+from tests.fakes import DictCache
 
 ROUTE = RouteConfig(name="r", subscribe="s/+", model="m", input=InputConfig(shape=(4,)),
                     preprocess=(Downsample(factor=2),), top_k=2, publish="o/{1}")
@@ -35,17 +36,6 @@ class FakeModel:
     def infer_quantized(self, q: np.ndarray) -> np.ndarray:
         self.calls.append(len(q))
         return np.array([[0.1, 0.2, 0.7] if row[0] > 0 else [0.6, 0.3, 0.1] for row in q], np.float32)
-
-
-class DictCache:
-    def __init__(self):
-        self.rows: dict[str, np.ndarray] = {}
-
-    def get_many(self, keys, invoke_cost_s=0.0):
-        return [self.rows.get(k) for k in keys]
-
-    def put_many(self, items):
-        self.rows.update(items)
 
 
 def _request(values, **extra) -> bytes:

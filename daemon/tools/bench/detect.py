@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -140,7 +140,6 @@ class Collector:
                "-D", "CONNECT", "receive-maximum", "65535", "-F", "%D %p"]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.by_id: dict[int, Reply] = {}
-        self.unmatched = 0
         self._thread = threading.Thread(target=self._read, name="collector", daemon=True)
         self._thread.start()
 
@@ -151,8 +150,7 @@ class Collector:
             try:
                 request_id = int(head)
                 kind, top = _classify(json.loads(payload))
-            except ValueError:
-                self.unmatched += 1
+            except ValueError:  # not one of ours (no decimal CorrelationData, or not JSON)
                 continue
             self.by_id.setdefault(request_id, Reply(at, kind, top))
 
@@ -249,7 +247,6 @@ class Run:
     deadline: float
     warmup: int
     _next_id: int = 0
-    results: dict = field(default_factory=dict)
 
     def ids(self, n: int) -> range:
         first, self._next_id = self._next_id, self._next_id + n
