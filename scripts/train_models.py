@@ -38,8 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.model import preprocess  # noqa: E402  (after the path tweak, so it runs from a checkout)
 from daemon.model.runtime import Model, file_sha256  # noqa: E402
+from daemon.pipeline import scoring  # noqa: E402
+from daemon.pipeline.kinds import anomaly  # noqa: E402
 
 SEED = 1234
+EVAL_BATCH = 64  # samples per invoke when a held-out split is scored
 
 
 @dataclass(frozen=True)
@@ -353,19 +356,10 @@ AUTOENCODERS = [
 ]
 
 
-def anomaly_scores(path: Path, xp: np.ndarray, int8: bool) -> np.ndarray:
-    """Per-window MSE between the float model input and the (dequantized) model output."""
-    out = Model(path, require_int8=int8, max_batch=64).infer(xp)
-    return np.mean((out - xp.reshape(len(xp), -1)) ** 2, axis=1)
-
-
-def threshold_at_fpr(scores: np.ndarray, y: np.ndarray, fpr: float) -> dict:
-    """The lowest threshold (score > threshold = anomaly) flagging at most `fpr` of the normals."""
-    normal = np.sort(scores[y == 0])[::-1]
-    k = int(np.floor(fpr * len(normal)))        # normals allowed above the threshold
-    threshold = float(normal[k])
-    flagged = scores > threshold
-    return {"threshold": threshold, "fpr": float(np.mean(flagged[y == 0])), "tpr": float(np.mean(flagged[y == 1]))}
+def anomaly_scores(model: Model, xp: np.ndarray) -> np.ndarray:
+    """The daemon's own score (daemon/pipeline/kinds/anomaly.py): per-window MSE between the
+    float model input and the dequantized model output."""
+    return anomaly.anomaly_score(xp.reshape(len(xp), -1), model.infer(xp))
 
 
 @dataclass(frozen=True)
@@ -410,37 +404,39 @@ def _fit_autoencoder(spec: AutoencoderSpec, xp_tr: np.ndarray):
     return model
 
 
-def _autoencoder_figures(out: Path, data: AutoencoderData, fpr: float, roc_auc_score: Callable) -> dict:
-    """ROC-AUC, mean scores and the threshold at `fpr`, for the float and the INT8 model."""
+def _autoencoder_figures(models: dict, data: AutoencoderData, fpr: float) -> dict:
+    """ROC-AUC, mean scores and the threshold at `fpr` for each model (float, int8), computed by
+    the same code as `edge-inferd validate` (daemon/pipeline/scoring.py), so the card and it agree."""
     y_bin, figures = data.y_bin, {}
-    for kind, path, int8 in (("float", out / "model_float.tflite", False), ("int8", out / "model.tflite", True)):
-        scores = anomaly_scores(path, data.xp_te, int8)
-        figures[kind] = {"roc_auc": round(float(roc_auc_score(y_bin, scores)), 4),
+    for kind, model in models.items():
+        scores = anomaly_scores(model, data.xp_te)
+        threshold, achieved, tpr = scoring.threshold_at_fpr(y_bin, scores, fpr)
+        figures[kind] = {"roc_auc": round(scoring.roc_auc(y_bin, scores), 4),
                          "mean_score_normal": round(float(scores[y_bin == 0].mean()), 5),
                          "mean_score_anomalous": round(float(scores[y_bin == 1].mean()), 5),
-                         **{k: round(v, 6) for k, v in threshold_at_fpr(scores, y_bin, fpr).items()}}
+                         "threshold": round(threshold, 6), "fpr": round(achieved, 6), "tpr": round(tpr, 6)}
     return figures
 
 
-def _autoencoder_training(spec: AutoencoderSpec, width: int, tf_version: str) -> dict:
+def _autoencoder_training(spec: AutoencoderSpec, width: int, layers: list[str], tf_version: str) -> dict:
     return {"seed": SEED, "tensorflow": tf_version, "data": "the normal training windows only",
             "loss": "mse (reconstruction)", "epochs": spec.epochs, "batch_size": spec.batch_size,
             "schedule": f"Adam, cosine decay from {spec.learning_rate:g}",
-            "architecture": f"{spec.build.__name__}: dense {width}-16(relu)-3-16(relu)-"
-                            f"{width}",
+            "architecture": f"{spec.build.__name__}: dense {'-'.join([str(width), *layers])}",
             "quantization": "post-training full-integer, int8 input and output, per-channel weights, "
                             "representative data = the preprocessed normal training windows"}
 
 
-def _autoencoder_card(spec: AutoencoderSpec, data: AutoencoderData, out: Path, figures: dict,
-                      train_scores: np.ndarray, tf_version: str) -> dict:
+def _autoencoder_card(spec: AutoencoderSpec, data: AutoencoderData, out: Path, int8: Model, figures: dict,
+                      layers: list[str], tf_version: str) -> dict:
+    train_scores = anomaly_scores(int8, data.xp_tr)
     y_bin, tr_normal = data.y_bin, data.tr_normal
     return {
         "name": spec.name, "kind": "autoencoder", "dataset": spec.dataset, "source": spec.source, "notes": spec.notes,
         "route": {"input": spec.route_input, "preprocess": data.raw_steps},
         "preprocessing": preprocess.canonical(data.steps),
         "input_shape": list(data.x_te.shape[1:]), "model_input_shape": list(data.xp_te.shape[1:]),
-        "model_output_signature": list(Model(out / "model.tflite").output.signature),
+        "model_output_signature": list(int8.output.signature),
         "score": "mean over the window of (preprocessed float input - dequantized output)^2; higher = more anomalous",
         "normal_labels": list(spec.normal), "anomalous_labels": [v for v in data.labels if v not in spec.normal],
         "test_npz": "x: raw windows (N, 24) float32; y: 0 normal, 1 anomalous",
@@ -455,19 +451,25 @@ def _autoencoder_card(spec: AutoencoderSpec, data: AutoencoderData, out: Path, f
         "float_size_bytes": (out / "model_float.tflite").stat().st_size,
         "sha256": file_sha256(out / "model.tflite"),
         "float_sha256": file_sha256(out / "model_float.tflite"),
-        "training": _autoencoder_training(spec, data.xp_tr.shape[1], tf_version),
+        "training": _autoencoder_training(spec, data.xp_tr.shape[1], layers, tf_version),
     }
 
 
-def train_autoencoder(spec: AutoencoderSpec) -> dict:
-    # All three imports up front, in this order, as before the split: nothing else runs in between.
+def _fresh_session() -> None:
+    """Keras as in a fresh process, whatever trained before: its layer names end up in the .tflite,
+    so a target's bytes must not depend on what ran first; then the project's seed, determinism on."""
     import tensorflow as tf
-    from sklearn.metrics import roc_auc_score
     from tensorflow import keras
 
-    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
+    keras.backend.clear_session()
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
+
+
+def train_autoencoder(spec: AutoencoderSpec) -> dict:
+    import tensorflow as tf
+
+    _fresh_session()
     data = _autoencoder_data(spec)
     model = _fit_autoencoder(spec, data.xp_tr)
 
@@ -477,9 +479,12 @@ def train_autoencoder(spec: AutoencoderSpec) -> dict:
     (out / "model.tflite").write_bytes(convert(model, data.xp_tr, quantize=True))
     np.savez_compressed(out / "test.npz", x=data.x_te.astype(np.float32), y=data.y_bin)
 
-    figures = _autoencoder_figures(out, data, spec.fpr, roc_auc_score)
-    train_scores = anomaly_scores(out / "model.tflite", data.xp_tr, True)
-    card = _autoencoder_card(spec, data, out, figures, train_scores, tf.__version__)
+    models = {"float": Model(out / "model_float.tflite", require_int8=False, max_batch=EVAL_BATCH),
+              "int8": Model(out / "model.tflite", max_batch=EVAL_BATCH)}  # each loaded once
+    figures = _autoencoder_figures(models, data, spec.fpr)
+    layers = [f"{layer.units}({layer.activation.__name__})" if layer.activation.__name__ != "linear"
+              else str(layer.units) for layer in model.layers if hasattr(layer, "units")]
+    card = _autoencoder_card(spec, data, out, models["int8"], figures, layers, tf.__version__)
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"[{spec.name}] ROC-AUC float {card['float_roc_auc']:.4f}  int8 {card['int8_roc_auc']:.4f}  "
           f"size {card['size_bytes']} B", flush=True)
@@ -545,8 +550,8 @@ def _float_interface_card(spec: FloatInterfaceSpec, base: Spec, labels, steps, x
                           n_test: int, acc: float, same_weights: bool, out: Path, tf_version: str) -> dict:
     return {
         "name": spec.name,
-        "purpose": "test fixture: INT8 kernels inside, float32 input and output (not a full-integer model; "
-                   "the daemon's require_int8 check refuses it)",
+        "purpose": "test fixture: INT8 kernels inside, float32 input and output (an INT8 model with a float "
+                   "interface: the daemon passes floats and the graph quantizes itself)",
         "made_by": f"scripts/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
                    f"({base.config}, route {base.route}), seed and training (fit_members), converted with "
                    "optimizations=DEFAULT, the preprocessed training split as representative data and "
@@ -564,12 +569,9 @@ def _float_interface_card(spec: FloatInterfaceSpec, base: Spec, labels, steps, x
 
 def train_float_interface(spec: FloatInterfaceSpec) -> dict:
     import tensorflow as tf
-    from tensorflow import keras
 
     base = next(s for s in SPECS if s.name == spec.base)
-    keras.backend.clear_session()  # layer names (kept in the .tflite) as in a fresh process, whatever ran before
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    _fresh_session()
     steps, route = route_steps(base)
     x_tr, y_tr, _, _, labels = base.load()
     xp_tr = preprocess.apply_steps(steps, x_tr)
