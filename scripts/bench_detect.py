@@ -66,11 +66,12 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.errors import DaemonError  # noqa: E402
 from daemon.tools.bench.detect import (  # noqa: E402
-    FRAME_SIZE, GRAIN, JPEG_QUALITY, LABELS, PHOTOS, SHIFT_PX, SSD, Collector, Frames, Run, Timeout, start_consumer,
+    FRAME_SIZE, GRAIN, JPEG_QUALITY, SHIFT_PX, Collector, Frames, Run, Timeout, start_consumer,
     write_base_config)
 from daemon.tools.bench.load import require_clients  # noqa: E402
 from daemon.tools.bench.plan import parse_rate  # noqa: E402
 from daemon.tools.broker import Broker  # noqa: E402
+from daemon.tools.demo_camera import missing, models_dir  # noqa: E402
 
 logger = logging.getLogger("bench_detect")
 
@@ -220,10 +221,6 @@ def table(summary: dict, rates: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _default_models() -> Path:
-    return Path(os.environ.get("EDGE_INFERD_TEST_MODELS") or ROOT / ".cache" / "test-models")
-
-
 def _sigterm(*_):
     raise KeyboardInterrupt("SIGTERM")
 
@@ -240,7 +237,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=5, help="frames answered before each consumer's phases")
     parser.add_argument("--consumers", nargs="+", choices=CONSUMERS, default=list(CONSUMERS))
     parser.add_argument("--out", type=Path, default=Path("bench-detect"), help="directory for the JSON and logs")
-    parser.add_argument("--models", type=Path, default=_default_models(),
+    parser.add_argument("--models", type=Path, default=models_dir(),
                         help="the fetched test models and photos (default $EDGE_INFERD_TEST_MODELS or .cache/test-models)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a daemon config override, e.g. workers.max_wait_ms=60000 (default: none, the "
@@ -262,9 +259,9 @@ def _parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> t
         parser.error(str(exc))
     if any(t.endswith("x") for t in args.rates) and "naive" not in args.consumers:
         parser.error("an Nx rate needs the naive consumer")
-    missing = [n for n in (SSD, LABELS, *PHOTOS) if not (args.models / n).is_file()]
-    if missing:
-        parser.error(f"{args.models} lacks {', '.join(missing)}: run ./scripts/fetch_test_models.sh")
+    lacking = missing(args.models)
+    if lacking:
+        parser.error(f"{args.models} lacks {', '.join(lacking)}: run ./scripts/fetch_test_models.sh")
     return args, overrides
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -29,14 +28,17 @@ from paho.mqtt.properties import Properties
 from PIL import Image, ImageOps
 
 from daemon.errors import DaemonError
-from daemon.tools.bench.load import ConsumerProcess, percentiles
+from daemon.tools.bench.load import ConsumerProcess, percentiles, subscriber
 from daemon.tools.bench.phases import start_daemon
+from daemon.tools.demo_camera import COCO_LABELS, SSD
+from daemon.tools.demo_camera import PHOTOS as CAMERA_PHOTOS
 from daemon.tools.broker import end_process
 from daemon.transport.mqtt import disable_nagle
 
-SSD = "ssd_mobilenet_v2_coco_quant.tflite"
-LABELS = "coco_labels.txt"
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png")
+# The demo's camera files (demo_camera.py): the SSD, its labels, and each photo with its subject.
+LABELS = COCO_LABELS
+PHOTOS = tuple(photo for photo, _, _ in CAMERA_PHOTOS)
+_SUBJECT_LABEL = {photo: label for photo, label, _ in CAMERA_PHOTOS}
 FRAME_SIZE = (640, 480)
 JPEG_QUALITY = 85
 SHIFT_PX = 4  # each frame is its photo moved by up to this many pixels on each axis...
@@ -136,9 +138,7 @@ class Collector:
     """Every reply on REPLY_FILTER by its CorrelationData (our decimal ids), timestamped on arrival."""
 
     def __init__(self, host: str, port: int):
-        cmd = ["mosquitto_sub", "-h", host, "-p", str(port), "-q", str(QOS), "-t", REPLY_FILTER, "-V", "5",
-               "-D", "CONNECT", "receive-maximum", "65535", "-F", "%D %p"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._proc = subscriber(f"{host}:{port}", REPLY_FILTER, "-F", "%D %p")  # CorrelationData, payload
         self.by_id: dict[int, Reply] = {}
         self._thread = threading.Thread(target=self._read, name="collector", daemon=True)
         self._thread.start()
@@ -325,4 +325,3 @@ def summarise(collector: Collector, ids: range, frame_ks: list[int], frames: Fra
             "latency_ms": percentiles(latency)}
 
 
-_SUBJECT_LABEL = {"astronaut.png": "person", "chelsea.png": "cat", "coffee.png": "cup"}

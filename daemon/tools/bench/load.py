@@ -66,16 +66,24 @@ def classify(obj: dict) -> str:
     return "hit" if obj.get("cached") else "result"
 
 
+def subscriber(address: str, topic_filter: str, *extra: str) -> subprocess.Popen:
+    """`mosquitto_sub` on `topic_filter` at QoS 1 with a wide v5 receive window, its stdout a wide
+    pipe (it absorbs bursts, so mosquitto_sub never waits on the reader thread); `extra`: more
+    options, e.g. an output format."""
+    cmd = ["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW, *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass
+    return proc
+
+
 class Collector:
     """Every reply on `topic_filter`, by request id (replies without an id are listed apart)."""
 
     def __init__(self, address: str, topic_filter: str):
-        cmd = ["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        try:  # a wide pipe absorbs bursts, so mosquitto_sub never waits on the reader thread
-            fcntl.fcntl(self._proc.stdout.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
-        except OSError:
-            pass
+        self._proc = subscriber(address, topic_filter)
         self.by_id: dict[int, Reply] = {}
         self.anonymous: list[Reply] = []
         self.probes = 0
