@@ -317,7 +317,7 @@ class Service:
         self._serving.stop(self.config.workers.drain_timeout_s)
 
     def _connect(self) -> None:
-        self._link = MqttLink(self.config.mqtt, self._serving.filters, self._serving.intake.on_message,
+        self._link = MqttLink(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst,
                               receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
         self._serving.attach(self._link)
         self._link.start()

@@ -248,7 +248,7 @@ class Supervisor:
     def _connect(self) -> None:
         """The node's own connection: no subscriptions, a clean session, no outbox; LWT `offline`."""
         mqtt = replace(self.config.mqtt, session_expiry_s=0, share_group=None, outbox=OutboxConfig(max_mb=0))
-        self._link = MqttLink(mqtt, (), lambda inbound: None)
+        self._link = MqttLink(mqtt, (), lambda burst: None)
         self._link.start()
 
     def _disconnect(self) -> None:

@@ -80,6 +80,14 @@ class Intake:
         self._remote = remote
         self._clock = clock
 
+    def on_burst(self, inbounds: Sequence[Inbound]) -> None:
+        """The messages of one read burst, in order; one that raises does not cost the others."""
+        for inbound in inbounds:
+            try:
+                self.on_message(inbound)
+            except Exception:  # paho's loop thread must survive anything a message does
+                logger.exception("failed to hand on a message from %r", inbound.topic)
+
     def on_message(self, inbound: Inbound) -> None:
         if self._remote is not None and inbound.topic == self._remote.response_topic:
             if not self._remote.on_response(inbound):  # a far tier's answer to an escalation

@@ -89,12 +89,12 @@ def _path(value: Optional[object]) -> Optional[str]:
 class MqttLink:
     """One paho client: status, intake of the given filters, replies and acks."""
 
-    def __init__(self, config: MqttConfig, filters: Sequence[str], on_message: Callable[[Inbound], None],
+    def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
                  receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
         self._config = config
         self._receive_maximum = receive_maximum
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
-        self._handler = on_message
+        self._handler = on_burst  # the requests of one read burst, in order (one hand-off, not one per message)
         self._accepting = threading.Event()
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
         self._subscribing = threading.Event()
@@ -221,7 +221,7 @@ class MqttLink:
             if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
                 client.ack(msg.mid, msg.qos)
                 return
-            self._handler(self._convert(msg))
+            self._handler((self._convert(msg),))
         except Exception:  # paho's loop thread must survive anything a message does
             logger.exception("failed to hand on a message from %r", msg.topic)
 

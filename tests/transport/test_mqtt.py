@@ -44,7 +44,7 @@ def test_at_stop_only_unconfirmed_replies_are_kept_in_the_outbox(tmp_path):
     """Status and stats (retained), an outbox row being flushed, and an escalation request to a
     far tier (it carries a ResponseTopic) are not replies: the next run must not send them."""
     config = dataclasses.replace(load_config(ROOT / "config.yaml", check_models=False).mqtt, qos=1)
-    link = MqttLink(config, ["sensors/+/imu"], lambda inbound: None, outbox=Outbox(tmp_path / "outbox", 1 << 20))
+    link = MqttLink(config, ["sensors/+/imu"], lambda burst: None, outbox=Outbox(tmp_path / "outbox", 1 << 20))
     link._flusher.start()  # as MqttLink.start does; it waits for a connection that never comes
     request = Inbound("sensors/d1/imu", b"{}", 1, 5, time.monotonic(), correlation_data=b"c-1")
     # Handed to paho (as a reply made while connected is): unconfirmed, paho keeps it.
