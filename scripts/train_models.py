@@ -2,7 +2,7 @@
 """Train, convert and card every model edge-inferd ships (reproducible: fixed seeds).
 
     pip install -e '.[train]'         # tensorflow-cpu, aeon, scikit-learn: never needed at run time
-    python scripts/train_models.py    # all models; or name some: activity appliance appliance_large digits
+    python scripts/train_models.py    # all models; or name some: activity appliance appliance_large gunpoint digits
                                       #   load_anomaly activity_float_io
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
@@ -89,6 +89,13 @@ def load_acsf1():
     return x_tr[:, 0, :], y_tr, x_te[:, 0, :], y_te, [f"appliance_{v}" for v in labels]
 
 
+def load_gunpoint():
+    # aeon gives (N, 1, 150); the route takes (time, channel). UCR's classes: 1 = gun drawn, 2 = pointing.
+    x_tr, y_tr, x_te, y_te, labels = _aeon_split("GunPoint")
+    names = {"1": "gun", "2": "point"}
+    return x_tr.transpose(0, 2, 1), y_tr, x_te.transpose(0, 2, 1), y_te, [names[v] for v in labels]
+
+
 def load_digits():
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
@@ -107,6 +114,23 @@ def build_activity(shape, n_classes):
     x = layers.Conv1D(16, 5, padding="same", activation="relu")(inp)
     x = layers.MaxPooling1D(2)(x)
     x = layers.Conv1D(32, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    out = layers.Dense(n_classes, activation="softmax")(x)
+    return keras.Model(inp, out)
+
+
+def build_gunpoint(shape, n_classes):
+    """Wider than GunPoint needs on purpose: sized so an INT8 invoke costs ~40-50 µs per sample at
+    batch 8 (litert, 1 thread), the workload of `bench e2e --route gunpoint` (docs/performance.md)."""
+    from tensorflow import keras
+    from tensorflow.keras import layers
+
+    inp = keras.Input(shape=shape)
+    x = inp
+    for i, (filters, kernel) in enumerate(((64, 7), (128, 5), (128, 5))):
+        if i:
+            x = layers.MaxPooling1D(2)(x)
+        x = layers.Conv1D(filters, kernel, padding="same", activation="relu")(x)
     x = layers.GlobalAveragePooling1D()(x)
     out = layers.Dense(n_classes, activation="softmax")(x)
     return keras.Model(inp, out)
@@ -169,6 +193,12 @@ SPECS = [
          notes="the appliance route's escalation tier (docs/performance.md, Confidence cascade): the same "
                "data as `appliance` at full resolution (standardize, clip, no downsampling: on the near "
                "node, escalate.preprocess), MiniRocket's transform and a ridge classifier as INT8 layers"),
+    Spec("gunpoint", "config.yaml", "gunpoint", "models/gunpoint", "GunPoint (UCR archive)",
+         "aeon wheel: aeon/datasets/data/GunPoint, official TRAIN/TEST split",
+         load_gunpoint, build_gunpoint, epochs=200, batch_size=8,
+         notes="the x coordinate of an actor's hand, 150 video frames: drawing a gun from a holster "
+               "and pointing it, or pointing a finger. bench e2e's second workload: a small payload "
+               "(150 values, nested JSON [[v], ...]) where the invoke matters (~45 µs per sample)"),
     Spec("digits", "tests/fixtures/digits/config.yaml", "digits", "tests/fixtures/digits",
          "sklearn load_digits (UCI optical handwritten digits, 8x8)",
          "scikit-learn wheel: sklearn.datasets.load_digits, stratified 75/25 split, seed 1234",

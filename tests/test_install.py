@@ -30,7 +30,7 @@ def test_install_into_a_root_then_uninstall(staging):
     run = subprocess.run([str(ROOT / "scripts/install.sh"), "--root", str(staging), "--no-venv", "--no-systemctl"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "valid (3 model(s), 6 route(s))" in run.stdout
+    assert "valid (4 model(s), 7 route(s))" in run.stdout
     config = staging / "etc/edge-inferd/config.yaml"
     assert oct(config.stat().st_mode & 0o777) == "0o644"
     assert str(staging / "opt/edge-inferd/models/activity/model.tflite") in config.read_text()

@@ -47,7 +47,7 @@ CASES = {
     "placeholder-out-of-range": Case("publish: results/{1}/activity ", "publish: results/{2}/activity ",
                                      "routes[0].publish", "placeholder {2} but the subscribe filter has only 1"),
     "unknown-model": Case("model: activity  ", "model: activty   ", "routes[0].model",
-                          "unknown model 'activty' (known: activity, appliance, load_anomaly)"),
+                          "unknown model 'activty' (known: activity, appliance, gunpoint, load_anomaly)"),
     "missing-model-file": Case("models/activity/model.tflite", "models/activity/nope.tflite", "models.activity.path",
                                "nope.tflite: model file not found"),
     "missing-labels-file": Case("models/activity/labels.txt", "models/activity/nope.txt", "models.activity.labels",

@@ -58,8 +58,8 @@ def _broken(tmp_path: Path) -> Path:
 def test_example_config_is_valid():
     config = load_config(ROOT / "config.yaml")
     assert [r.name for r in config.routes] == ["activity", "activity-raw", "appliance", "appliance-raw", "load",
-                                               "load-profile"]
-    assert [r.kind for r in config.routes] == ["classify"] * 4 + ["anomaly", "values"]
+                                               "load-profile", "gunpoint"]
+    assert [r.kind for r in config.routes] == ["classify"] * 4 + ["anomaly", "values", "classify"]
     assert config.models["load_anomaly"].labels is None and config.routes[4].threshold == 0.0776
     assert config.mqtt.is_v5 and config.mqtt.qos == 1 and config.mqtt.port == 1883
     assert config.models["activity"].path == ROOT / "models/activity/model.tflite"

@@ -243,11 +243,12 @@ def test_the_demo_shows_every_bundled_kind_and_says_why_the_camera_is_skipped(mo
     out = capsys.readouterr().out
     summary = _summary(out)
     assert list(summary) == ["activity", "activity-raw", "appliance", "appliance-raw", "load", "load-profile",
-                             "detect"]
+                             "gunpoint", "detect"]
     assert summary["activity"].startswith("accuracy 1.000  answered 6/6 (0 errors)")
     assert re.match(r"ROC-AUC \d\.\d{3}  flagged \d+% of normal, \d+% of anomalous days  answered 6/6 \(0 errors\)",
                     summary["load"])
     assert summary["load-profile"].startswith("values of the right length in 5/5 replies")
+    assert re.match(r"accuracy \d\.\d{3}  answered 6/6 \(0 errors\)", summary["gunpoint"])
     assert summary["detect"].startswith(f"skipped: {tmp_path / 'fetched'} has none of the fetched models")
     assert re.search(r"^load +#0 +(ok|wrong) +anomaly_score \d\.\d{4}  anomaly=(true |false)  expected ", out, re.M)
     assert "daemon: stopped with exit code 0; status offline" in out
