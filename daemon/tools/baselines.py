@@ -1,15 +1,17 @@
 """Reference consumers and a raw-payload load generator for `edge-inferd bench e2e`.
 
     python -m daemon.tools.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
-    python -m daemon.tools.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]
+    python -m daemon.tools.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]   # any route
     python -m daemon.tools.baselines naive-detect --broker HOST:PORT --config C --route R
     python -m daemon.tools.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
 - `echo`: the transport floor. Bare paho 2.x (MQTT v5, TCP_NODELAY), subscribed to the
   route's filter at QoS 1; `on_message` publishes a 16-byte reply carrying the request's
   id at QoS 1 to the route's reply topic. No decoding, no model.
-- `naive`: the script most people write: JSON decode + preprocessing + INT8 invoke +
-  publish inside `on_message`, with the daemon's model, preprocessing code and reply topic.
+- `naive`: the script most people write: decode + preprocessing + INT8 invoke + publish
+  inside `on_message`, with the daemon's model, preprocessing code and reply topic, for any
+  route whose input is json, raw or npy and whose output kind is classify (label, score),
+  anomaly (the mean squared reconstruction error) or values (the outputs as a list).
 - `naive-detect`: the camera script most people write, for a `detect` route on an SSD
   (TFLite_Detection_PostProcess: boxes, classes, scores, count): inside `on_message`, Pillow
   decodes the JPEG or PNG, stretches it to the model's input (BILINEAR, the daemon's filter, so
@@ -45,7 +47,7 @@ from paho.mqtt.properties import Properties
 
 from daemon import topics
 from daemon.model import preprocess
-from daemon.config.schema import RouteConfig
+from daemon.config.schema import ANOMALY, CLASSIFY, VALUES, RouteConfig
 from daemon.config.loader import load_config
 from daemon.config.model_files import read_labels
 from daemon.errors import DaemonError
@@ -69,20 +71,54 @@ def _route(config_path: Path | str, route_name: str):
     return config, route
 
 
+def _decoder(route: RouteConfig) -> Callable[[bytes], tuple[object, np.ndarray]]:
+    """The naive decode of the route's `input.format`: (the request's id, its float32 array)."""
+    shape = (1,) + tuple(route.input.shape)
+    fmt = route.input.format
+    if fmt == "json":
+        def decode(payload: bytes) -> tuple[object, np.ndarray]:
+            req = json.loads(payload)
+            return req["id"], np.asarray(req["data"], dtype=np.float32).reshape(shape)
+    elif fmt == "raw":
+        def decode(payload: bytes) -> tuple[object, np.ndarray]:
+            return None, np.frombuffer(payload, dtype=np.dtype(route.input.dtype).newbyteorder("<")) \
+                .astype(np.float32).reshape(shape)
+    elif fmt == "npy":
+        def decode(payload: bytes) -> tuple[object, np.ndarray]:
+            return None, np.load(io.BytesIO(payload), allow_pickle=False).astype(np.float32).reshape(shape)
+    else:
+        raise DaemonError(f"route {route.name!r}: the naive script decodes json, raw and npy, not {fmt!r} "
+                          "(a detect route on an SSD: naive-detect)")
+    return decode
+
+
+def _replier(route: RouteConfig, labels: tuple) -> Callable[[object, np.ndarray, np.ndarray], dict]:
+    """The naive reply of the route's output kind, from (id, model input, the model's outputs for it)."""
+    if route.kind == CLASSIFY:
+        return lambda request_id, x, scores: {"id": request_id, "label": labels[int(scores.argmax())],
+                                              "score": float(scores.max())}
+    if route.kind == ANOMALY:
+        return lambda request_id, x, out: {"id": request_id,
+                                           "anomaly_score": float(np.mean((x.reshape(-1) - out) ** 2))}
+    if route.kind == VALUES:
+        return lambda request_id, x, out: {"id": request_id, "values": out.tolist()}
+    raise DaemonError(f"route {route.name!r}: no naive script for output kind {route.kind!r}")
+
+
 def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[RouteConfig, Callable[[bytes], str]]:
-    """The route and the naive per-message body: JSON in, reply JSON out.
+    """The route and the naive per-message body: decode, preprocess, INT8 invoke, reply JSON, for the
+    route's input format (json, raw, npy) and output kind (classify, anomaly, values).
 
     scripts/profile_worker.py times this same function against the daemon's worker path."""
     config, route = _route(config_path, route_name)
-    model = Model(config.models[route.model].path)
+    decode, model = _decoder(route), Model(config.models[route.model].path)
     found = read_labels(config.models[route.model].labels)
-    labels = found.names if found else ()
+    reply = _replier(route, found.names if found else ())
 
     def answer(payload: bytes) -> str:
-        req = json.loads(payload)
-        x = np.asarray(req["data"], dtype=np.float32).reshape((1,) + route.input.shape)
-        scores = model.infer(preprocess.apply_steps(route.preprocess, x))[0]
-        return json.dumps({"id": req["id"], "label": labels[int(scores.argmax())], "score": float(scores.max())})
+        request_id, x = decode(payload)
+        x = preprocess.apply_steps(route.preprocess, x)
+        return json.dumps(reply(request_id, x, model.infer(x)[0]))
 
     return route, answer
 
