@@ -161,7 +161,8 @@ def _cmd_bench_e2e(args: argparse.Namespace) -> int:
     from daemon.tools.bench.e2e import run_bench
     from daemon.tools.bench.report import summary, write_outputs
 
-    plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only)
+    plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only,
+                      route=args.route, rounds=args.rounds, burst=args.burst)
     results = run_bench(plan)
     for path in write_outputs(results, args.out):
         print(f"wrote {path}", file=sys.stderr)

@@ -21,6 +21,9 @@ DEFAULT_CONFIG = Path("/etc/edge-inferd/config.yaml")
 CONFIG_ENV = "EDGE_INFERD_CONFIG"
 DEV_CONFIG = Path("config.yaml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default); written here so
+# `edge-inferd -h` does not import the bench.
+ALL_BENCH_PHASES = ("drain", "openloop", "cache", "batching", "burst30k", "overload", "openloop1000", "cachepair")
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter  # keeps the examples' line breaks
 
@@ -160,15 +163,24 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
     be = _command(bench_sub, "e2e", "echo floor, naive script and the daemon over one private mosquitto", (
         "Start a private mosquitto and compare the paho echo floor, a naive one-file script and the\n"
-        "daemon: drain rate of a burst, open-loop latency, cache and batching (docs/performance.md)."),
-        example="edge-inferd bench e2e --quick")
+        "daemon on one JSON route of a config (distinct requests from its validate data, else its\n"
+        "input shape): drain rate of a burst, open-loop latency, cache and batching; with --only, also\n"
+        "burst30k, overload, openloop1000 and cachepair on the config as written (docs/performance.md)."),
+        example="edge-inferd bench e2e --route gunpoint --rounds 3 --only drain")
     _add_dev_config(be)
+    be.add_argument("--route", default="activity", metavar="NAME",
+                    help="the route to load, a JSON one (default activity); batching always uses appliance-raw")
+    be.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="run the selected phases N times, consumers alternating; medians reported (default 1)")
     be.add_argument("--requests", type=int, help="requests per burst (default 5000)")
-    be.add_argument("--duration", type=float, help="seconds per open-loop rate (default 5; 2x for 2x capacity)")
+    be.add_argument("--burst", type=int, help="requests of the burst30k phase (default 30000)")
+    be.add_argument("--duration", type=float,
+                    help="seconds per open-loop rate (default 5; 2x for 2x capacity and for overload)")
     be.add_argument("--rates", nargs="+", help='open-loop rates: "1000" req/s or "0.5x" the daemon\'s drain rate')
     be.add_argument("--quick", action="store_true", help="small counts for a smoke run")
-    be.add_argument("--only", action="append", choices=("drain", "openloop", "cache", "batching"),
-                    help="run only this phase (repeatable; openloop also runs drain, which sets its rates)")
+    be.add_argument("--only", action="append", choices=ALL_BENCH_PHASES, metavar="PHASE",
+                    help=f"run only this phase: {', '.join(ALL_BENCH_PHASES)} (repeatable; default: the first "
+                         "four; openloop also runs drain, which sets its rates)")
     be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
 
 

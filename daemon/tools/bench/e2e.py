@@ -3,7 +3,9 @@
 One private mosquitto, one reply collector (`mosquitto_sub`), C publishers
 (`mosquitto_pub -l`), and each consumer as its own process, measured one after the
 other with the same requests. Machines are noisy: compare the ratios within a run.
-Phases (docs/performance.md, "bench e2e"): drain, openloop, cache, batching.
+Phases (docs/performance.md, "bench e2e"): drain, openloop, cache, batching, and when named
+the issue-17 ones (stress.py): burst30k, overload, openloop1000, cachepair. Any JSON route of
+any config (`--route`); `--rounds N` runs every selected phase N times, consumers alternating.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import time
 from pathlib import Path
 
 from daemon.tools.bench.load import require_clients
-from daemon.tools.bench.phases import Bench, Consumer, Phases
+from daemon.tools.bench.phases import Bench, Consumer, Phases, raw_reply_topic
 from daemon.tools.bench.plan import Plan
+from daemon.tools.bench.rounds import merge
+from daemon.tools.bench.stress import DEFAULT, STRESS_CONSUMERS, Stress
+from daemon.tools.bench.workload import Workload, build_workload, distinct_share
 from daemon.tools.broker import Broker
 
 logger = logging.getLogger(__name__)
@@ -29,34 +34,52 @@ CACHE_ON = {**BATCH_ON, "cache": {"enabled": True}}
 
 
 
-# Measured in this order: the first daemon's drain rate sets the open-loop rates.
-CONSUMERS = (Consumer("daemon-b1", "daemon", BATCH_OFF), Consumer("daemon-b32", "daemon", BATCH_ON),
+# Measured in this order: the first daemon's drain rate sets the open-loop rates. `daemon` is
+# the config as written (the bundled one: batching 32, cache on, a persistent session).
+CONSUMERS = (Consumer("daemon-b1", "daemon", BATCH_OFF), Consumer("daemon-b32", "daemon", BATCH_ON), DEFAULT,
              Consumer("naive", "naive"), Consumer("echo", "echo"))
 WAIT_500_CONSUMER = Consumer("daemon-b32-wait500", "daemon", WAIT_500)
 CACHE_CONSUMER = Consumer("daemon-b32-cache", "daemon", CACHE_ON)
 
 
 def run_bench(plan: Plan) -> dict:
-    """Every selected phase against one private broker; the results as one dict."""
+    """Every selected phase, `plan.rounds` times, against one private broker; the results as one dict."""
     require_clients()
     started = time.monotonic()
+    workload = build_workload(plan.config, plan.route)
+    distinct = distinct_share(plan.config, workload)
+    if distinct < 1.0:
+        logger.warning("only %.1f%% of the requests' INT8 inputs differ: the cache will find repeats", distinct * 100)
+    replies = [workload.reply_topic, *filter(None, [raw_reply_topic(plan.config) if "batching" in plan.phases
+                                                    else None])]
+    rounds = []
     with Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-bench-") as tmp:
-        logger.info("mosquitto on %s; phases %s", broker.address, ", ".join(plan.phases))
-        bench = Bench(broker.address, Path(tmp), plan)
+        logger.info("mosquitto on %s; route %s; phases %s", broker.address, plan.route, ", ".join(plan.phases))
+        bench = Bench(broker.address, Path(tmp), plan, tuple(dict.fromkeys(replies)))
         try:
-            Phases(bench, CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER).run()
+            for n in range(plan.rounds):
+                logger.info("round %d of %d", n + 1, plan.rounds)
+                bench.results = {phase: {} for phase in plan.phases}
+                Phases(bench, CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER, workload).run()
+                Stress(bench, workload).run()
+                rounds.append(bench.results)
         finally:
             bench.close()
-    bench.results["meta"] = meta(plan, time.monotonic() - started)
-    return bench.results
+    results = merge(rounds)
+    results["meta"] = meta(plan, workload, distinct, time.monotonic() - started)
+    return results
 
 
-def meta(plan: Plan, wall_s: float) -> dict:
+def meta(plan: Plan, workload: Workload, distinct: float, wall_s: float) -> dict:
     import os
     import platform
 
-    consumers = {c.name: c.overrides for c in (*CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER)}
+    consumers = {c.name: c.overrides for c in (*CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER, *STRESS_CONSUMERS)}
     return {"wall_s": round(wall_s, 1), "cpus": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(), "overrides": consumers,
+            "workload": {"route": plan.route, "config": str(plan.config), "request_topic": workload.request_topic,
+                         "reply_topic": workload.reply_topic, "source": workload.source,
+                         "noise_std": round(workload.noise_std, 4), "distinct_int8_inputs": round(distinct, 4)},
             "plan": {"requests": plan.requests, "duration_s": plan.duration, "rates": list(plan.rates),
-                     "phases": list(plan.phases), "settle_s": plan.settle, "warmup": plan.warmup}}
+                     "phases": list(plan.phases), "settle_s": plan.settle, "warmup": plan.warmup,
+                     "rounds": plan.rounds, "burst": plan.burst}}

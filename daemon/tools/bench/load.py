@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Optional
+from typing import IO, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -41,6 +41,12 @@ _WIDE_WINDOW = ("-V", "5", "-D", "CONNECT", "receive-maximum", "65535")
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _PIPE_BYTES = 1 << 20
 _STAT_UTIME = 13  # /proc/<pid>/stat fields after the command name: utime, stime (all threads)
+_END_SESSION_TIMEOUT_S = 10.0
+
+
+def expiry_args(seconds: int) -> tuple[str, ...]:
+    """mosquitto_pub options that give every request a v5 Message Expiry of `seconds`."""
+    return ("-V", "5", "-D", "publish", "message-expiry-interval", str(seconds))
 
 
 def require_clients() -> None:
@@ -80,10 +86,10 @@ def subscriber(address: str, topic_filter: str, *extra: str) -> subprocess.Popen
 
 
 class Collector:
-    """Every reply on `topic_filter`, by request id (replies without an id are listed apart)."""
+    """Every reply on `topic_filter` (and `more`), by request id (replies without an id are listed apart)."""
 
-    def __init__(self, address: str, topic_filter: str):
-        self._proc = subscriber(address, topic_filter)
+    def __init__(self, address: str, topic_filter: str, *more: str):
+        self._proc = subscriber(address, topic_filter, *(arg for f in more for arg in ("-t", f)))
         self.by_id: dict[int, Reply] = {}
         self.anonymous: list[Reply] = []
         self.probes = 0
@@ -135,10 +141,11 @@ class Collector:
 
 
 class LinePublisher:
-    """`mosquitto_pub -l`: each line written to `stdin` is one QoS 1 publish on `topic`."""
+    """`mosquitto_pub -l`: each line written to `stdin` is one QoS 1 publish on `topic`; `extra`:
+    more options, e.g. EXPIRY_ARGS."""
 
-    def __init__(self, address: str, topic: str):
-        self._proc = subprocess.Popen(["mosquitto_pub", *_host_port(address), "-q", QOS, "-t", topic, "-l"],
+    def __init__(self, address: str, topic: str, extra: tuple[str, ...] = ()):
+        self._proc = subprocess.Popen(["mosquitto_pub", *_host_port(address), "-q", QOS, "-t", topic, "-l", *extra],
                                       stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.stdin: IO[bytes] = self._proc.stdin
 
@@ -179,11 +186,23 @@ def wait_online(address: str, status_topic: str, proc: subprocess.Popen, log: Pa
     raise DaemonError(f"no retained online on {status_topic} within {READY_TIMEOUT_S:.0f}s; see {log}")
 
 
-class ConsumerProcess:
-    """A consumer command as a child process; stdout and stderr go to `log`; `env` adds to the environment."""
+def end_session(address: str, client_id: str) -> None:
+    """Connect once as `client_id` with a clean session, so the broker drops the session a stopped
+    consumer left (docs/performance.md, bench e2e): it would queue every later request for it."""
+    cmd = ["mosquitto_sub", *_host_port(address), "-i", client_id, "-t", f"edge-inferd/{client_id}/end", "-E"]
+    done = subprocess.run(cmd, capture_output=True, timeout=_END_SESSION_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise DaemonError(f"could not end {client_id}'s session: {done.stderr.decode(errors='replace')[-300:]}")
 
-    def __init__(self, cmd: list[str], address: str, status_topic: str, log: Path, env: Optional[dict] = None):
+
+class ConsumerProcess:
+    """A consumer command as a child process; stdout and stderr go to `log`; `env` adds to the environment;
+    `after_stop` runs once the process has ended (e.g. end_session)."""
+
+    def __init__(self, cmd: list[str], address: str, status_topic: str, log: Path, env: Optional[dict] = None,
+                 after_stop: Optional[Callable[[], None]] = None):
         self.log = log
+        self._after_stop = after_stop
         with open(log, "wb") as out:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -197,7 +216,11 @@ class ConsumerProcess:
         return process_cpu_s(self.proc.pid)
 
     def stop(self) -> int:
-        return end_process(self.proc, timeout_s=READY_TIMEOUT_S)
+        code = end_process(self.proc, timeout_s=READY_TIMEOUT_S)
+        after, self._after_stop = self._after_stop, None
+        if after is not None:
+            after()
+        return code
 
 
 @dataclass
@@ -215,6 +238,7 @@ class Outcome:
         out.update({code: self.counts.get(code, 0) for code in SHED_CODES})
         out["other_errors"] = answered - out["results"] - sum(out[c] for c in SHED_CODES)
         out["lost"] = self.sent - answered
+        out["error_codes"] = {code: n for code, n in sorted(self.counts.items()) if code not in ("result", "hit")}
         for kind, values in sorted(self.rtt_ms.items()):
             out[f"{kind}_rtt_ms"] = percentiles(values)
         return out

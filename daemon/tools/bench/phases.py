@@ -1,7 +1,8 @@
 """The phases of `bench e2e`: drain, open loop, cache-hit path, batching on the heavier model.
 
 Each consumer process is started once and runs every phase that concerns it, so the
-consumers see the same requests in the same order.
+consumers see the same requests in the same order: the plan's route's, from `workload`
+(distinct, from its validate data or its input spec). The issue-17 phases are in stress.py.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import yaml
 
-from daemon.tools.bench.load import Collector, ConsumerProcess, LinePublisher, Outcome, drain_summary, json_line, last_reply, outcome
+from daemon.tools.bench.load import (Collector, ConsumerProcess, LinePublisher, Outcome, drain_summary, end_session,
+                                     json_line, last_reply, outcome)
 from daemon.config.loader import load_config
 from daemon.tools.bench.plan import Plan, parse_rate
+from daemon import topics
 from daemon.config.reader import absolute_paths
 from daemon.errors import DaemonError
+from daemon.tools.bench.workload import Workload
 
 
 logger = logging.getLogger(__name__)
@@ -54,15 +58,19 @@ class Consumer:
     name: str
     kind: str  # echo | naive | daemon
     overrides: dict = field(default_factory=dict)
+    # True: the config's own session (the default config's is persistent), ended once it stops.
+    session: bool = False
 
 
-def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dict) -> Path:
-    """A copy of `base` with absolute model paths, a private cache dir, and `overrides` per section."""
+def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dict, session: bool = False) -> Path:
+    """A copy of `base` with absolute model paths, a private cache dir, and `overrides` per section.
+    Unless `session`, a clean session: a stopped consumer's persistent session would stay subscribed
+    to the shared request topic and make the broker queue every later request for it too."""
     raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(workdir / "cache")}
-    # A clean session: a stopped consumer's persistent session would stay subscribed to the
-    # shared request topic and make the broker queue every later request for it too.
-    raw["mqtt"] = {**(raw.get("mqtt") or {}), "client_id": client_id, "session_expiry_s": 0}
+    raw["mqtt"] = {**(raw.get("mqtt") or {}), "client_id": client_id}
+    if not session:
+        raw["mqtt"]["session_expiry_s"] = 0
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
     path = workdir / "config.yaml"
@@ -71,15 +79,17 @@ def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dic
 
 
 def start_daemon(base: Path, workdir: Path, client_id: str, overrides: dict, address: str, log: Path,
-                 pythonpath: Optional[Path] = None) -> ConsumerProcess:
+                 pythonpath: Optional[Path] = None, session: bool = False) -> ConsumerProcess:
     """`edge-inferd run` on a bench copy of `base` (write_bench_config), once it is online at `address`.
-    `pythonpath`: put first on the child's PYTHONPATH (a script run from a checkout passes its root)."""
-    config = write_bench_config(base, workdir, client_id, overrides)
+    `pythonpath`: put first on the child's PYTHONPATH (a script run from a checkout passes its root).
+    `session`: keep the config's session, and end it once the daemon has stopped."""
+    config = write_bench_config(base, workdir, client_id, overrides, session)
     cmd = [sys.executable, "-m", "daemon", "run", "--config", str(config), "--broker", address]
     env = None
     if pythonpath is not None:
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))}
-    return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env)
+    after = (lambda: end_session(address, client_id)) if session else None
+    return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env, after_stop=after)
 
 
 def activity_lines(config_path: Path) -> tuple[list[bytes], np.ndarray]:
@@ -90,14 +100,24 @@ def activity_lines(config_path: Path) -> tuple[list[bytes], np.ndarray]:
     return [json.dumps(s.tolist()).encode() for s in x], x
 
 
+def raw_reply_topic(config_path: Path) -> Optional[str]:
+    """Where the batching phase's replies go: the reply topic of the config's route of model
+    RAW_ROUTE_MODEL that takes RAW_TOPIC (None: the config has none, the phase is skipped)."""
+    for route in load_config(config_path).routes:
+        captures = topics.match(route.subscribe, RAW_TOPIC)
+        if route.model == RAW_ROUTE_MODEL and captures is not None:
+            return topics.render(route.publish, RAW_TOPIC, captures)
+    return None
+
+
 class Bench:
     """Owns the broker address, the collector, the temp dir and the results."""
 
-    def __init__(self, address: str, workdir: Path, plan: Plan):
+    def __init__(self, address: str, workdir: Path, plan: Plan, reply_filters: Sequence[str] = (REPLY_FILTER,)):
         self.address = address
         self.workdir = workdir
         self.plan = plan
-        self.collector = Collector(address, REPLY_FILTER)
+        self.collector = Collector(address, *reply_filters)
         self.results: dict = {phase: {} for phase in plan.phases}
         self._next_id = 0
         self._started = 0
@@ -115,9 +135,10 @@ class Bench:
         logger.info("starting %s", consumer.name)
         log = workdir / "consumer.log"
         if consumer.kind == "daemon":
-            return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log)
+            return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log,
+                                session=consumer.session)
         cmd = [sys.executable, "-m", "daemon.tools.baselines", consumer.kind, "--broker", self.address,
-               "--config", str(self.plan.config), "--client-id", client_id]
+               "--config", str(self.plan.config), "--route", self.plan.route, "--client-id", client_id]
         return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", log)
 
     def warm(self, pub: LinePublisher, line: Callable[[int], bytes]) -> None:
@@ -150,21 +171,61 @@ class Bench:
             pub.close()
         return drain_summary(outcome(self.collector, ids).summary(), start, last_reply(self.collector, ids), cpu)
 
+    def paced(self, proc: ConsumerProcess, topic: str, rate: float, duration: float, line: Callable[[int], bytes],
+              extra: tuple[str, ...] = ()) -> tuple[dict, "PacedRun"]:
+        """Open loop: request k is written to mosquitto_pub's stdin at start + k / rate (`extra`: its
+        options, e.g. a message expiry). The summary, and when each request went and came back."""
+        ids = self.ids(max(1, int(rate * duration)))
+        sent_at: dict[int, float] = {}
+        pub = LinePublisher(self.address, topic, extra)
+        try:
+            self.warm(pub, line)
+            cpu0, start = proc.cpu_s(), time.perf_counter()
+            for k, i in enumerate(ids):
+                delay = start + k / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                sent_at[i] = time.perf_counter()
+                pub.send(line(i))
+            sent_s = time.perf_counter() - start
+            self.collector.settle(lambda: all(i in self.collector.by_id for i in ids), self.plan.settle)
+            cpu = proc.cpu_s() - cpu0
+        finally:
+            pub.close()
+        point = outcome(self.collector, ids, sent_at).summary()
+        point.update(rate=round(rate, 1), offered_rps=round(len(ids) / max(sent_s, 1e-9), 1),
+                     duration_s=duration, cpu_us_per_request=round(cpu / max(point["answered"], 1) * 1e6, 1))
+        return point, PacedRun(ids, sent_at, start, sent_s)
+
     def close(self) -> None:
         self.collector.close()
 
 
+@dataclass(frozen=True)
+class PacedRun:
+    ids: range
+    sent_at: dict  # request id -> time.perf_counter() when it was written
+    start: float
+    sent_s: float  # how long the sending took
+
+
 class Phases:
-    def __init__(self, bench: Bench, consumers: Sequence[Consumer], wait500: Consumer, cache: Consumer):
+    def __init__(self, bench: Bench, consumers: Sequence[Consumer], wait500: Consumer, cache: Consumer,
+                 workload: Workload):
         self.bench = bench
         self.plan = bench.plan
         self.consumers, self.wait500, self.cache = consumers, wait500, cache
-        self.samples, self.x = activity_lines(self.plan.config)
+        self.workload = workload
+        self.topic = workload.request_topic
         self.capacity = {}  # consumer name -> drain req/s
         self.rng = np.random.default_rng(SEED)
+        self.raw_route = raw_reply_topic(self.plan.config) is not None
+        if "batching" in self.plan.phases and not self.raw_route:
+            bench.results.setdefault("errors", {})["batching"] = (
+                f"skipped: no route of model {RAW_ROUTE_MODEL!r} subscribes to {RAW_TOPIC} in {self.plan.config}")
 
     def line(self, request_id: int) -> bytes:
-        return json_line(request_id, self.samples[request_id % len(self.samples)])
+        return self.workload.line(request_id)
 
     def run(self) -> None:
         phases = self.plan.phases
@@ -189,11 +250,11 @@ class Phases:
         results = self.bench.results
         if "drain" in results:
             logger.info("drain: %s, %d requests", consumer.name, self.plan.requests)
-            results["drain"][consumer.name] = self.bench.drain(proc, self.line, REQUEST_TOPIC, self.plan.requests)
+            results["drain"][consumer.name] = self.bench.drain(proc, self.line, self.topic, self.plan.requests)
             self.capacity[consumer.name] = results["drain"][consumer.name]["rps"]
         # Batching before the open loop: past capacity a backlog builds up in the broker, and
         # the consumer is still working it off when the open loop's last point ends.
-        if "batching" in results and consumer.kind == "daemon":
+        if "batching" in results and consumer.kind == "daemon" and self.raw_route:
             logger.info("batching: %s, %d raw appliance requests", consumer.name, self.plan.requests)
             results["batching"][consumer.name] = self._raw_drain(proc)
         if "openloop" in results:
@@ -214,29 +275,7 @@ class Phases:
         return point
 
     def paced(self, proc: ConsumerProcess, rate: float, duration: float, line: Callable[[int], bytes]) -> dict:
-        """Open loop: request k is written to mosquitto_pub's stdin at start + k / rate."""
-        ids = self.bench.ids(max(1, int(rate * duration)))
-        sent_at: dict[int, float] = {}
-        collector = self.bench.collector
-        pub = LinePublisher(self.bench.address, REQUEST_TOPIC)
-        try:
-            self.bench.warm(pub, line)
-            cpu0, start = proc.cpu_s(), time.perf_counter()
-            for k, i in enumerate(ids):
-                delay = start + k / rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                sent_at[i] = time.perf_counter()
-                pub.send(line(i))
-            sent_s = time.perf_counter() - start
-            collector.settle(lambda: all(i in collector.by_id for i in ids), self.plan.settle)
-            cpu = proc.cpu_s() - cpu0
-        finally:
-            pub.close()
-        point = outcome(collector, ids, sent_at).summary()
-        point.update(rate=round(rate, 1), offered_rps=round(len(ids) / max(sent_s, 1e-9), 1),
-                     duration_s=duration, cpu_us_per_request=round(cpu / max(point["answered"], 1) * 1e6, 1))
-        return point
+        return self.bench.paced(proc, self.topic, rate, duration, line)[0]
 
     def _wait500(self) -> None:
         on = next((c.name for c in self.consumers if c.overrides == self.wait500.overrides), None)
@@ -252,9 +291,7 @@ class Phases:
         self.bench.results["openloop"][self.wait500.name] = [point]
 
     def unique_samples(self, n: int) -> list[bytes]:
-        picks = self.x[np.arange(n) % len(self.x)]
-        noisy = picks + self.rng.normal(0.0, NOISE_STD, picks.shape).astype(np.float32)
-        return [json.dumps(s.tolist()).encode() for s in noisy]
+        return self.workload.fresh(n, self.rng)
 
     def _cache(self) -> None:
         proc = self.bench.start(self.cache)
@@ -273,19 +310,19 @@ class Phases:
         logger.info("cache: mixed stream, %d requests at %.0f req/s, %.0f%% repeats", n_mixed, rate,
                     REPEAT_SHARE * 100)
         mixed = self.paced(proc, rate, self.plan.duration,
-                           lambda i: json_line(i, uniques[order[i - mixed_ids]] if i >= 0 else self.samples[0]))
+                           lambda i: json_line(i, uniques[order[i - mixed_ids]]) if i >= 0 else self.line(i))
         mixed["repeats_sent"] = sum(1 for k, o in enumerate(order) if o != k)
         fresh = self.unique_samples(self.plan.requests)
         logger.info("cache: %d unique requests, then the same data again with new ids", self.plan.requests)
-        unique = self.bench.drain(proc, self._stream(fresh), REQUEST_TOPIC, self.plan.requests)
-        repeat = self.bench.drain(proc, self._stream(fresh), REQUEST_TOPIC, self.plan.requests)
+        unique = self.bench.drain(proc, self._stream(fresh), self.topic, self.plan.requests)
+        repeat = self.bench.drain(proc, self._stream(fresh), self.topic, self.plan.requests)
         return {"rate": round(rate, 1), "mixed": mixed, "all_unique": unique, "all_repeat": repeat}
 
     def _stream(self, data: list[bytes]) -> Callable[[int], bytes]:
         first = self.bench.ids(0).start
 
         def line(i: int) -> bytes:
-            return json_line(i, data[(i - first) % len(data)] if i >= 0 else self.samples[0])
+            return json_line(i, data[(i - first) % len(data)]) if i >= 0 else self.line(i)
         return line
 
     def _raw_drain(self, proc: ConsumerProcess) -> dict:

@@ -9,12 +9,17 @@ from typing import Optional
 from daemon.errors import DaemonError
 
 PHASES = ("drain", "openloop", "cache", "batching")
+# Run only when named (--only): the issue-17 figures (stress.py), each on the default config.
+EXTRA_PHASES = ("burst30k", "overload", "openloop1000", "cachepair")
+ALL_PHASES = PHASES + EXTRA_PHASES
+DEFAULT_ROUTE = "activity"
+BURST_REQUESTS = 30000
 DEFAULT_REQUESTS = 5000
 DEFAULT_DURATION_S = 5.0
 # Offered loads: plain numbers are req/s, "Nx" multiples of the batching-off daemon's drain rate.
 DEFAULT_RATES = ("1000", "0.25x", "0.5x", "1x", "1.5x", "2x")
 SETTLE_S = 5.0  # a measurement ends when all are answered or nothing came back for this long
-QUICK = {"requests": 300, "duration": 0.5, "rates": ("300", "1x"), "warmup": 10}
+QUICK = {"requests": 300, "duration": 0.5, "rates": ("300", "1x"), "warmup": 10, "burst": 1000}
 WARMUP_REQUESTS = 50
 
 
@@ -38,15 +43,21 @@ class Plan:
     phases: tuple[str, ...] = PHASES
     settle: float = SETTLE_S
     warmup: int = WARMUP_REQUESTS
+    route: str = DEFAULT_ROUTE  # the route every phase but batching loads (batching: appliance-raw)
+    rounds: int = 1  # every selected phase this many times, consumers alternating; medians reported
+    burst: int = BURST_REQUESTS  # requests of the burst30k phase
 
     @classmethod
     def build(cls, config: Path, out: Path, requests: Optional[int] = None, duration: Optional[float] = None,
-              rates: Optional[list[str]] = None, quick: bool = False, only: Optional[list[str]] = None) -> "Plan":
+              rates: Optional[list[str]] = None, quick: bool = False, only: Optional[list[str]] = None,
+              route: str = DEFAULT_ROUTE, rounds: int = 1, burst: Optional[int] = None) -> "Plan":
         base = dict(QUICK) if quick else {}
-        for key, value in (("requests", requests), ("duration", duration), ("rates", rates)):
+        for key, value in (("requests", requests), ("duration", duration), ("rates", rates), ("burst", burst)):
             if value is not None:
                 base[key] = tuple(value) if key == "rates" else value
-        phases = tuple(p for p in PHASES if not only or p in only or (p == "drain" and "openloop" in only))
+        phases = tuple(p for p in ALL_PHASES if p in (only or PHASES) or (p == "drain" and "openloop" in (only or ())))
         for rate in base.get("rates", ()):
             parse_rate(rate, 1.0)
-        return cls(config=config, out=out, phases=phases, **base)
+        if rounds < 1:
+            raise DaemonError(f"--rounds: {rounds} is not a positive number of rounds")
+        return cls(config=config, out=out, phases=phases, route=route, rounds=rounds, **base)

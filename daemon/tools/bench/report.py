@@ -111,14 +111,70 @@ def batching_lines(batching: dict) -> list[str]:
     lines = [f"batching, appliance-raw: {name} {row['rps']:.0f} req/s (publisher {row['publisher_rps']:.0f} req/s), "
              f"CPU {row['cpu_us_per_request']:.1f} µs/req, lost {row['lost']}" for name, row in batching.items()]
     rows = list(batching.values())
-    if len(rows) == 2:
+    if len(rows) >= 2:  # the first two daemons: batching off, then on (e2e.CONSUMERS)
         names = list(batching)
         lines.append(f"batching ratio {names[1]}/{names[0]}: {_ratio(rows[1]['rps'], rows[0]['rps'])}")
     return lines
 
 
+def _errors(row: dict) -> str:
+    codes = row.get("error_codes") or {}
+    return ", ".join(f"{code} {n}" for code, n in codes.items()) or "none"
+
+
+def burst_lines(burst: dict) -> list[str]:
+    return [f"burst30k: {burst['results']} results of {burst['sent']} ({burst['rps']:.0f} req/s, "
+            f"CPU {burst['cpu_us_per_request']:.1f} µs/req); errors: {_errors(burst)}; lost {burst['lost']}"]
+
+
+def overload_lines(overload: dict) -> list[str]:
+    plain, expiry = overload["no_deadline"], next(v for k, v in overload.items() if k.startswith("expiry_"))
+    late = expiry["lateness_ms"]
+    return [f"overload: capacity {plain['capacity_rps']:.0f} req/s, offered {plain['offered_rps']:.0f} "
+            f"({overload['multiple']:g}x) for {plain['duration_s']:g}s",
+            f"  no deadline: results/s during {plain['results_per_s_during']:.0f}, after "
+            f"{plain['results_per_s_after']:.0f}, overall {plain['results_per_s']:.0f} "
+            f"({plain['of_capacity']:.2f}x capacity); lost {plain['lost']}; errors: {_errors(plain)}",
+            f"  expiry: {expiry['results']} results ({expiry['results_of_capacity_x_time']:.2f}x capacity x time), "
+            f"lateness p99 {_ms(late['p99'])} ms, max {_ms(late['max'])} ms; expired {expiry['expired']}; "
+            f"lost {expiry['lost']}"]
+
+
+def openloop1000_lines(rows: dict) -> list[str]:
+    lines = [f"openloop1000: {name} p50 {_ms(r['result_rtt_ms']['p50'])} ms, p99 {_ms(r['result_rtt_ms']['p99'])} ms, "
+             f"errors {r['answered'] - r['results']}, lost {r['lost']}"
+             for name, r in rows.items() if isinstance(r, dict)]
+    ratio = rows.get("p99_ratio")
+    return lines + [f"openloop1000: p99 daemon/echo {ratio:.2f}x" if ratio else "openloop1000: p99 ratio -"]
+
+
+def cachepair_lines(rows: dict) -> list[str]:
+    names = [n for n, r in rows.items() if isinstance(r, dict)]
+    parts = ", ".join(f"{n} {rows[n]['cpu_us_per_request']:.1f} µs/req ({rows[n]['cache_hits']} hits)" for n in names)
+    return [f"cachepair (distinct stream): {parts}; cache on minus off {rows['cpu_us_diff']:+.1f} µs/req"]
+
+
+def rounds_lines(rounds: list[dict]) -> list[str]:
+    """Each round's drain CPU per request and its ratios to echo and naive, beside the medians above."""
+    lines = [f"rounds (medians above): drain CPU µs/req per round, and /echo /naive"]
+    names = list(rounds[0].get("drain", {}))
+    for name in names:
+        cells = []
+        for r in rounds:
+            row, floor, naive = (r.get("drain", {}).get(k, {}) for k in (name, FLOOR, NAIVE))
+            cpu = row.get("cpu_us_per_request")
+            cells.append(f"{cpu:.0f} ({_ratio(cpu, floor.get('cpu_us_per_request'))} "
+                         f"{_ratio(cpu, naive.get('cpu_us_per_request'))})" if cpu else "-")
+        lines.append(f"  {name:<20} " + "  ".join(cells))
+    return lines
+
+
+_STRESS_LINES = (("burst30k", burst_lines), ("overload", overload_lines), ("openloop1000", openloop1000_lines),
+                 ("cachepair", cachepair_lines))
+
+
 def summary(results: dict) -> str:
-    lines = []
+    lines = [f"route {results['meta']['workload']['route']}"] if "workload" in results.get("meta", {}) else []
     if results.get("drain"):
         lines += drain_table(results["drain"]) + [""]
     if results.get("openloop"):
@@ -128,6 +184,11 @@ def summary(results: dict) -> str:
         lines += cache_lines(results["cache"], floor)
     if results.get("batching"):
         lines += batching_lines(results["batching"])
+    for phase, lines_of in _STRESS_LINES:
+        if results.get(phase):
+            lines += lines_of(results[phase])
+    if len(results.get("rounds", ())) > 1 and results.get("drain"):
+        lines += rounds_lines(results["rounds"])
     lines += [f"FAILED {name}: {error}" for name, error in results.get("errors", {}).items()]
     lines.append(f"wall time {results['meta']['wall_s']:.0f}s")
     return "\n".join(lines)
