@@ -1,4 +1,4 @@
-"""`edge-inferd bench e2e --quick` end to end: every consumer and phase, sane counts.
+"""`edge-inferd bench e2e --quick` end to end: every consumer and phase, any route, sane counts.
 
 Counts only: timings on a shared machine decide nothing here.
 """
@@ -10,9 +10,16 @@ import shutil
 import subprocess
 import sys
 
+import paho.mqtt.client as paho
 import pytest
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
+from daemon.config.reader import absolute_paths
 from daemon.tools.bench.e2e import CONSUMERS, WAIT_500_CONSUMER
+from daemon.tools.bench.load import end_session
 from tests.integration.conftest import ROOT
 
 BENCH_TIMEOUT_S = 180
@@ -55,3 +62,83 @@ def test_bench_e2e_quick(tmp_path):
     for row in results["batching"].values():
         _all_answered(row, REQUESTS)
     assert "drain" in proc.stdout and "batching ratio" in proc.stdout
+
+
+def _bench(tmp_path, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "daemon", "bench", "e2e", "--quick", "--out", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "bench-e2e.json").read_text()), proc.stdout
+
+
+def test_bench_e2e_runs_any_json_route_of_another_config_in_rounds(tmp_path):
+    """An anomaly route in a config of its own: echo, naive and the daemon each answer every request, twice."""
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(absolute_paths({
+        **raw, "models": {"load_anomaly": raw["models"]["load_anomaly"]},
+        "routes": [r for r in raw["routes"] if r["name"] == "load"]}, ROOT)))
+    results, stdout = _bench(tmp_path, "--config", str(config), "--route", "load", "--only", "drain",
+                             "--rounds", "2", "--requests", "60")
+    assert results["meta"]["workload"]["route"] == "load"
+    assert results["meta"]["workload"]["distinct_int8_inputs"] == 1.0
+    assert len(results["rounds"]) == 2
+    for one in (*results["rounds"], results):
+        assert list(one["drain"]) == [c.name for c in CONSUMERS]
+        for row in one["drain"].values():
+            _all_answered(row, 60)
+            assert row["cache_hits"] == 0  # distinct requests: the cache-on daemon finds no repeat
+    assert "rounds (medians above)" in stdout
+
+
+def test_bench_e2e_issue_phases_on_the_second_workload(tmp_path):
+    results, stdout = _bench(tmp_path, "--route", "gunpoint", "--only", "burst30k", "--only", "overload",
+                             "--only", "openloop1000", "--only", "cachepair", "--burst", "300",
+                             "--requests", "100", "--duration", "0.3")
+    assert "errors" not in results, results.get("errors")
+    burst = results["burst30k"]
+    _all_answered(burst, 300)
+    assert burst["results"] + sum(burst["error_codes"].values()) == burst["answered"]
+    assert burst["cache_hits"] == 0
+    overload = results["overload"]
+    plain, expiry = overload["no_deadline"], overload["expiry_1s"]
+    assert plain["offered_rps"] > overload["capacity"]["rps"]  # past capacity
+    _all_answered(plain, plain["sent"])  # no deadline: the broker holds the backlog, nothing is lost
+    assert plain["results_per_s"] > 0 and plain["of_capacity"] > 0
+    assert expiry["results"] + expiry["expired"] + expiry["overloaded"] + expiry["other_errors"] + expiry["lost"] \
+        == expiry["sent"]
+    if expiry["results"]:
+        assert expiry["lateness_ms"]["max"] >= expiry["lateness_ms"]["p99"] > 0
+    loop = results["openloop1000"]
+    for name in ("daemon", "echo"):
+        _all_answered(loop[name], loop[name]["sent"])
+    assert loop["p99_ratio"] == pytest.approx(loop["daemon"]["result_rtt_ms"]["p99"] / loop["echo"]["result_rtt_ms"]["p99"],
+                                              abs=0.01)
+    pair = results["cachepair"]
+    on, off = pair["daemon"], pair["daemon-nocache"]
+    _all_answered(on, 100)
+    _all_answered(off, 100)
+    assert on["cache_hits"] == 0 and pair["cpu_us_diff"] == pytest.approx(on["cpu_us_per_request"] -
+                                                                          off["cpu_us_per_request"], abs=0.11)
+    assert "burst30k:" in stdout and "overload:" in stdout and "cache on minus off" in stdout
+
+
+def test_end_session_leaves_the_broker_no_session_to_resume(broker):
+    def resumes(client_id: str) -> bool:
+        """Connect with clean_start false: did the broker still hold a session for this id?"""
+        found = {}
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+        c.on_connect = lambda client, userdata, flags, rc, props: found.setdefault("present", flags.session_present)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        c.connect("127.0.0.1", broker.port, clean_start=False, properties=props)
+        while "present" not in found:
+            c.loop(0.1)
+        c.disconnect()
+        return found["present"]
+
+    resumes("bench-daemon-1")  # creates the persistent session
+    assert resumes("bench-daemon-1")  # the broker kept it: what a later round would inherit
+    end_session(broker.address, "bench-daemon-1")
+    assert not resumes("bench-daemon-1")

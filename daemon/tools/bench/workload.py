@@ -48,12 +48,8 @@ class Workload:
     source: str  # where the values come from, for the results
     x: np.ndarray  # the base samples (N, *input.shape), sensor units
     noise_std: float
+    step: float  # how far each pass over the pool shifts a row's first value: one std of the data
     pool: tuple  # (text before the first value, the first value, text after it) per pool row
-
-    @property
-    def step(self) -> float:
-        """How far each pass over the pool shifts a row's first value."""
-        return max(self.noise_std / NOISE_FRACTION, 1e-3)
 
     def data(self, i: int) -> bytes:
         """The `data` JSON of request i (negative ids, the warm-ups, get a pass of their own)."""
@@ -107,8 +103,8 @@ def build_workload(config_path: Path, route_name: str, pool: int = POOL_SIZE, se
     texts = (json.dumps(row.tolist()).encode() for row in rows)
     topic = request_topic(route)
     reply = topics.render(route.publish, topic, topics.match(route.subscribe, topic))
-    workload = Workload(route, topic, reply, source, x, noise_std, tuple(_split(t) for t in texts))
-    return workload
+    step = float(np.std(x)) or 1.0
+    return Workload(route, topic, reply, source, x, noise_std, step, tuple(_split(t) for t in texts))
 
 
 def distinct_share(config_path: Path, workload: Workload) -> float:
