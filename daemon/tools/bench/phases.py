@@ -21,11 +21,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import yaml
 
+from daemon import topics
 from daemon.tools.bench.load import (Collector, ConsumerProcess, LinePublisher, Outcome, drain_summary, end_session,
                                      json_line, last_reply, outcome)
 from daemon.config.loader import load_config
 from daemon.tools.bench.plan import Plan, parse_rate
-from daemon import topics
 from daemon.config.reader import absolute_paths
 from daemon.errors import DaemonError
 from daemon.tools.bench.workload import Workload
@@ -33,6 +33,8 @@ from daemon.tools.bench.workload import Workload
 
 logger = logging.getLogger(__name__)
 
+# REQUEST_TOPIC, NOISE_STD and activity_lines: the activity route's, for scripts/step_load.py and
+# scripts/soak.py; bench e2e itself takes its topics and requests from workload.py.
 REQUEST_TOPIC = "sensors/bench/imu"
 RAW_TOPIC = "plugs/bench/power/raw"
 RAW_ROUTE_MODEL = "appliance"
@@ -41,7 +43,7 @@ RAW_WARMUP = 50
 REPEAT_SHARE = 0.2
 CACHE_RATE_MULTIPLE = 0.5  # the mixed cache stream is paced at this multiple of capacity...
 CACHE_RATE_MAX = 1000.0  # ...but no faster than this (req/s)
-# Noise (sensor units) that makes each "unique" sample a distinct cache key. The key is the
+# Noise (sensor units) that makes each activity sample a distinct cache key. The key is the
 # INT8 model input, so it must move values by more than one input quantization step
 # (~0.1 here after normalization); smaller noise is exactly what the cache absorbs.
 NOISE_STD = 0.5
