@@ -1,65 +1,115 @@
 #!/usr/bin/env python3
-"""CPU cost of the result cache on the reply path: miss, hit, put (memory tier in front).
+"""CPU cost of the result cache per request: cache on vs off, on a stream that never repeats.
 
-    .venv/bin/python scripts/bench_cache.py [--entries 20000]
+    .venv/bin/python scripts/bench_cache.py [--routes activity-raw appliance-raw] [--requests 5000]
+                                            [--rounds 3] [--root DIR] [--repeat-share 0.0]
 
-Keys over a 50x6 int8 input (the activity model's), the LRU pre-filled with `--entries`
-vectors, the real diskcache behind it (written behind, never read: invoke cost 0).
-Best of 5 timeit repeats of wall time per call, and process CPU time over one run.
+For each route of config.yaml (its bundled model, one interpreter, batch buckets up to 32),
+`--requests` distinct requests (the route's test data plus noise, so each quantizes to a new
+input) go through the pure request path, `handle_batch` then `store` (what a worker does), in
+batches of 8 to 32, once with no cache and once with a ResultCache of the default config in a
+temporary directory, alternating, `--rounds` times. Each round's figure is process CPU time
+(every thread: the disk writer's too, flushed at the end of the round) per request; the
+difference on - off is the cache's cost. `--root` runs another checkout's daemon package (say,
+the commit before) with this same script, for a before/after pair in one sitting.
+`--repeat-share` makes that share of the requests exact repeats of earlier ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
-import timeit
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+NOISE_STD = 2.0  # sensor units: every request quantizes to a new model input
 
-from daemon.cache.result_cache import ResultCache
-from daemon.cache.cache_key import make_key  # noqa: E402
-from daemon.config.schema import CacheConfig  # noqa: E402
 
-CALLS = 200_000
-REPEATS = 5
-SHA = "ab" * 32
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--routes", nargs="+", default=["activity-raw", "appliance-raw"])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose daemon/ is measured")
+    parser.add_argument("--repeat-share", type=float, default=0.0)
+    return parser.parse_args()
+
+
+def _payloads(route, model_dir: Path, n: int, repeat_share: float, rng) -> list[bytes]:
+    with np.load(model_dir / "test.npz", allow_pickle=False) as data:
+        x = data["x"].astype(np.float32)
+    rows = x[np.arange(n) % len(x)] + rng.normal(0.0, NOISE_STD, (n, *x.shape[1:])).astype(np.float32)
+    for i in range(1, n):
+        if rng.random() < repeat_share:
+            rows[i] = rows[int(rng.integers(0, i))]
+    if route.input.format == "raw":
+        return [r.astype("<f4").tobytes() for r in rows]
+    return [b'{"id": %d, "data": %s}' % (i, str(r.ravel().tolist()).encode()) for i, r in enumerate(rows)]
+
+
+def _round(request_path, Request, pipe, model, requests: list[bytes], sizes: list[int], cache) -> float:
+    """CPU seconds per request of one pass over `requests`, flushed to disk when there is a cache."""
+    start, i = time.process_time(), 0
+    for size in sizes:
+        batch = [Request(p, time.monotonic()) for p in requests[i:i + size]]
+        i += size
+        outcome = request_path.handle_batch(pipe, batch, model, cache, time.monotonic)
+        request_path.store(cache, outcome)
+    if cache is not None:
+        cache.flush(60.0)
+    return (time.process_time() - start) / len(requests)
+
+
+def _bench_route(args, name: str) -> None:
+    from daemon.cache import result_cache
+    from daemon.config.loader import load_config
+    from daemon.config.model_files import open_model
+    from daemon.pipeline import request_path
+    from daemon.pipeline.route_pipeline import Request, route_pipeline
+
+    config = load_config(args.root / "config.yaml")
+    route = next(r for r in config.routes if r.name == name)
+    model = open_model(config, route.model, max_batch=32)
+    model.warm_up()
+    pipe = route_pipeline(config, route, model)
+    rng = np.random.default_rng(0)
+    sizes, left = [], args.requests
+    while left > 0:
+        sizes.append(min(left, int(rng.integers(8, 33))))
+        left -= sizes[-1]
+    off, on, snaps = [], [], []
+    for r in range(args.rounds):
+        requests = _payloads(route, config.models[route.model].path.parent, args.requests, args.repeat_share,
+                             np.random.default_rng(100 + r))  # new inputs every round: nothing carries over
+        off.append(_round(request_path, Request, pipe, model, requests, sizes, None))
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = result_cache.ResultCache(type(config.cache)(dir=Path(tmp) / "cache"))
+            on.append(_round(request_path, Request, pipe, model, requests, sizes, cache))
+            snaps.append(cache.snapshot())
+            cache.close()
+    delta = [b - a for a, b in zip(off, on)]
+    print(f"{name}: model {route.model} ({model.cost_per_sample_s * 1e6:.1f} µs/sample), {args.requests} requests "
+          f"x {args.rounds} rounds, batches 8-32, root {args.root}")
+    print(f"  cache off  µs/request: {' '.join(f'{v * 1e6:7.1f}' for v in off)}")
+    print(f"  cache on   µs/request: {' '.join(f'{v * 1e6:7.1f}' for v in on)}")
+    print(f"  on - off   µs/request: {' '.join(f'{v * 1e6:7.1f}' for v in delta)}   "
+          f"median {statistics.median(delta) * 1e6:.1f}")
+    last = snaps[-1]
+    print("  last round's cache: " + ", ".join(f"{k} {last.get(k)}" for k in
+                                               ("entries", "hits", "misses", "admitted", "refused", "writes",
+                                                "dropped_writes", "disk_read_us")))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=20_000)
-    args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    miss_input, hit_input = (rng.integers(-128, 128, (50, 6), dtype=np.int8) for _ in range(2))
-    scores = rng.random(6).astype(np.float32)
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = ResultCache(CacheConfig(dir=Path(tmp) / "c"))
-        cache.put_many([(make_key(SHA, rng.integers(-128, 128, (50, 6), dtype=np.int8)), scores)
-                        for _ in range(args.entries)])
-        cache.put_many([(make_key(SHA, hit_input), scores)])
-        cache.flush(60.0)
-        cases = {"make_key": lambda: make_key(SHA, miss_input),
-                 "miss (key + get_many)": lambda: cache.get_many([make_key(SHA, miss_input)]),
-                 "hit (key + get_many)": lambda: cache.get_many([make_key(SHA, hit_input)]),
-                 "put_many (one item)": lambda: cache.put_many([("k", scores)])}
-        for name, call in cases.items():
-            wall = min(timeit.repeat(call, number=CALLS, repeat=REPEATS)) / CALLS
-            start = time.process_time()
-            for _ in range(CALLS):
-                call()
-            cpu = (time.process_time() - start) / CALLS
-            print(f"{name:24s} {wall * 1e6:6.2f} us wall  {cpu * 1e6:6.2f} us CPU (all threads)")
-        start = time.perf_counter()
-        flushed = cache.flush(60.0)
-        print(f"flush after the puts: {flushed} in {time.perf_counter() - start:.3f} s")
-        print(cache.snapshot())
-        cache.close()
+    args = _parse()
+    sys.path.insert(0, str(args.root.resolve()))
+    for name in args.routes:
+        _bench_route(args, name)
 
 
 if __name__ == "__main__":

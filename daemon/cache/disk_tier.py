@@ -1,14 +1,17 @@
 """The persistent tier behind the memory LRU: diskcache, kept off the reply path.
 
-Values are the model's dequantized scores as a JSON list. diskcache unpickles any row
-whose mode says "pickle" on `get()`, even under its own JSONDisk (CVE-2025-69872):
-`SafeJSONDisk` stores JSON bytes only and refuses to read a pickled row or key.
+Keys are the 16-byte digests (cache_key.py), values the model's dequantized scores as
+little-endian float32 bytes, stored in the row. diskcache unpickles any row whose mode
+says "pickle" on `get()`, even under its own JSONDisk (CVE-2025-69872): `SafeDisk`
+stores bytes only and refuses to read a pickled row or key.
 
 Writes are write-behind: `enqueue` appends to a bounded queue and returns (past the
 bound the oldest pending writes are dropped and counted: a cache may forget, it must
 never make a reply wait), and ONE writer thread drains everything queued into ONE
-`transact()`, so a burst costs one sqlite commit instead of one per request. Reads are
-timed into an EWMA, so the facade reads the disk only for models whose invoke costs more.
+transaction of ONE statement (`ScoreStore.set_many`: an upsert run over all the rows,
+then diskcache's culling once), where `Cache.set` costs five statements a row.
+Reads are timed into an EWMA, so the facade reads (and writes) the disk only for models
+whose invoke costs more.
 
 A directory that cannot be opened leaves the tier off; a corrupt database is moved aside
 and recreated. Read and write failures are reported once per streak and degrade to
@@ -17,7 +20,6 @@ misses and lost writes; the writer's probe read after each drain notices recover
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -33,6 +35,8 @@ import diskcache
 import numpy as np
 from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
 
+from daemon.cache.cache_key import KEY_BYTES
+
 logger = logging.getLogger(__name__)
 
 _MIB = 1 << 20
@@ -41,48 +45,76 @@ _SQLITE_TIMEOUT_S = 1.0  # a busy database is a miss or a lost write, never a lo
 _WRITE_QUEUE_MAX = 4096  # pending writes; a burst beyond this loses its oldest cache writes
 _COST_EWMA_WEIGHT = 0.2  # weight of the newest read in the disk read cost estimate
 _WARM_LIMIT_S = 2.0  # a huge cache must not hold start-up hostage
-_PROBE_KEY = "\0probe"  # never a real key (those are hex digests)
+_PROBE_KEY = b"\0probe"  # never a real key (those are KEY_BYTES long)
+_SCORE_DTYPE = np.dtype("<f4")
 _QUARANTINE_SUFFIX = ".corrupt"
 _GROUP_OTHER_BITS = 0o077
 
 OFF, OK, FAILING = "off", "ok", "failing"
 
-Entry = tuple[str, np.ndarray]
+Entry = tuple[bytes, np.ndarray]
 
 
 class UnsafeRowError(Exception):
-    """A row or key in the cache database is not JSON (e.g. a planted pickle)."""
+    """A row or key in the cache database is not plain bytes (e.g. a planted pickle)."""
 
 
 _CACHE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout, ValueError, TypeError)
 _READ_ERRORS = (*_CACHE_ERRORS, UnsafeRowError)
 
 
-class SafeJSONDisk(diskcache.Disk):
-    """A diskcache Disk that stores JSON as bytes and never unpickles."""
+class SafeDisk(diskcache.Disk):
+    """A diskcache Disk that keeps bytes keys and bytes values, and never unpickles."""
 
     def put(self, key):
-        if type(key) is not str:
-            raise TypeError("cache keys must be str digests")
-        return key, True
+        if type(key) is not bytes:
+            raise TypeError("cache keys must be bytes digests")
+        return sqlite3.Binary(key), True
 
     def get(self, key, raw):
         if not raw:
             raise UnsafeRowError("refusing a pickled cache key")
-        return key
+        return bytes(key) if isinstance(key, (memoryview, bytes)) else key
 
     def store(self, value, read, key=UNKNOWN):
-        if read:
-            raise TypeError("file-like cache values are not supported")
-        return super().store(json.dumps(value, separators=(",", ":")).encode(), False, key=key)
+        if read or type(value) is not bytes:
+            raise TypeError("cache values must be bytes")
+        return super().store(value, False, key=key)
 
     def fetch(self, mode, filename, value, read):
         if mode not in (MODE_RAW, MODE_BINARY) or read:
             raise UnsafeRowError(f"refusing a cache row stored in mode {mode}")
-        return json.loads(super().fetch(mode, filename, value, False))
+        return super().fetch(mode, filename, value, False)
 
 
-def open_disk(directory: Path, max_mb: int, report: bool = True) -> Optional[diskcache.Cache]:
+# One row per entry in diskcache's own table, its value in the row (never a file: scores are
+# small), so `Cache.get`, `expire` and the size limit see them as their own. ON CONFLICT needs
+# SQLite 3.24 (2018); its UPDATE fires diskcache's size trigger as `Cache.set`'s UPDATE does.
+_UPSERT = ("INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,"
+           " filename, value) VALUES (?, 1, ?, ?, ?, 0, NULL, 0, ?, NULL, ?)"
+           " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time,"
+           " expire_time = excluded.expire_time, access_time = excluded.access_time, access_count = 0,"
+           " size = 0, mode = excluded.mode, filename = NULL, value = excluded.value")
+
+
+class ScoreStore(diskcache.Cache):
+    """diskcache with `set_many`: a batch of rows in one transaction, one statement, one cull.
+
+    It uses diskcache's `_transact`, `_con` and `_cull` (5.6: pinned `<6` in pyproject.toml), and the test
+    tests/cache/test_cache.py::test_set_many_keeps_diskcaches_books checks it against the
+    real diskcache: count, volume, the size limit and expiry."""
+
+    def set_many(self, entries: Sequence[Entry], expire: Optional[float]) -> None:
+        now = time.time()
+        expire_at = None if expire is None else now + expire
+        rows = [(sqlite3.Binary(key), now, expire_at, now, MODE_RAW,
+                 sqlite3.Binary(scores.astype(_SCORE_DTYPE, copy=False).tobytes())) for key, scores in entries]
+        with self._transact() as (sql, cleanup):
+            self._con.executemany(_UPSERT, rows)
+            self._cull(now, sql, cleanup, limit=self.cull_limit * len(rows))
+
+
+def open_disk(directory: Path, max_mb: int, report: bool = True) -> Optional[ScoreStore]:
     """The diskcache at `directory`, or None (reported unless `report` is False) when it cannot be used."""
     problem: Exception
     try:
@@ -101,7 +133,7 @@ def open_disk(directory: Path, max_mb: int, report: bool = True) -> Optional[dis
     return None
 
 
-def _recreate(directory: Path, max_mb: int, reason: Exception) -> diskcache.Cache:
+def _recreate(directory: Path, max_mb: int, reason: Exception) -> ScoreStore:
     """Keep the corrupt cache for inspection (one copy: a newer one replaces it) and start empty.
 
     The copy is the sibling `<dir>.corrupt`; when the directory is a mountpoint (or cannot be
@@ -127,10 +159,10 @@ def _replace_dir(directory: Path, quarantine: Path) -> bool:
     return True
 
 
-def _open_dir(directory: Path, max_mb: int) -> diskcache.Cache:
+def _open_dir(directory: Path, max_mb: int) -> ScoreStore:
     directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
     _keep_private(directory)
-    cache = diskcache.Cache(str(directory), disk=SafeJSONDisk, timeout=_SQLITE_TIMEOUT_S,
+    cache = ScoreStore(str(directory), disk=SafeDisk, timeout=_SQLITE_TIMEOUT_S,
                             size_limit=max_mb * _MIB, eviction_policy="least-recently-stored",
                             sqlite_mmap_size=0)  # reads by pread: no file-backed RSS growing to 64 MB (soak)
     # Touch the tables: a corrupt file often opens fine and fails on first use.
@@ -151,15 +183,10 @@ def _keep_private(directory: Path) -> None:
 
 
 def as_scores(value: Any) -> Optional[np.ndarray]:
-    """A stored JSON list -> a read-only float32 vector; anything else is a miss."""
-    if not isinstance(value, list):
+    """A stored row's bytes -> a read-only float32 vector; anything else is a miss."""
+    if type(value) is not bytes or not value or len(value) % _SCORE_DTYPE.itemsize:
         return None
-    try:
-        scores = np.array(value, dtype=np.float32)
-    except (TypeError, ValueError):
-        return None
-    scores.flags.writeable = False
-    return scores if scores.ndim == 1 else None
+    return np.frombuffer(value, _SCORE_DTYPE)  # read-only: a view of immutable bytes
 
 
 class _Health:
@@ -211,7 +238,7 @@ class DiskTier:
     def readable(self) -> bool:
         return not self._reads.failing
 
-    def _timed_get(self, key: str) -> tuple[Any, Optional[float]]:
+    def _timed_get(self, key: bytes) -> tuple[Any, Optional[float]]:
         start = time.perf_counter()
         try:
             return self._disk.get(key, expire_time=True)
@@ -219,7 +246,7 @@ class DiskTier:
             # Races between reader threads lose an update at worst: it is an estimate.
             self.read_cost_s += _COST_EWMA_WEIGHT * (time.perf_counter() - start - self.read_cost_s)
 
-    def read(self, key: str) -> tuple[Optional[np.ndarray], Optional[float]]:
+    def read(self, key: bytes) -> tuple[Optional[np.ndarray], Optional[float]]:
         """(scores or None, seconds left to live or None for never); failures are misses."""
         try:
             value, expire_at = self._timed_get(key)
@@ -229,16 +256,18 @@ class DiskTier:
         self._reads.worked()
         return as_scores(value), None if expire_at is None else expire_at - time.time()
 
-    def newest(self, fits: Callable[[str, np.ndarray], bool]) -> list[tuple[str, np.ndarray, Optional[float]]]:
+    def newest(self, fits: Callable[[bytes, np.ndarray], bool]) -> list[tuple[bytes, np.ndarray, Optional[float]]]:
         """Live entries, newest stored first, while `fits` says they fit and time allows."""
         try:
             keys = reversed(self._disk)  # diskcache: rowid order, i.e. newest inserted first
         except TypeError:
             return []  # a disk without ordered iteration starts cold
-        out: list[tuple[str, np.ndarray, Optional[float]]] = []
+        out: list[tuple[bytes, np.ndarray, Optional[float]]] = []
         deadline, refused = time.monotonic() + _WARM_LIMIT_S, 0
         try:
             for key in keys:
+                if type(key) is not bytes or len(key) != KEY_BYTES:
+                    continue  # not one of ours (a row of an older layout: it ages out)
                 try:
                     value, expire_at = self._timed_get(key)
                 except UnsafeRowError:  # one planted row is not a failing disk
@@ -253,8 +282,23 @@ class DiskTier:
         except _READ_ERRORS as exc:  # iteration itself failed (e.g. a pickled key): keep what we have
             self._reads.failed(exc)
         if refused:
-            logger.warning("cache warm-up refused %s non-JSON rows (planted pickles?)", refused)
+            logger.warning("cache warm-up refused %s pickled rows (planted?)", refused)
         return out
+
+    def newest_keys(self, limit: int) -> list[bytes]:
+        """Up to `limit` keys, newest stored first (keys only: no row is read)."""
+        keys: list[bytes] = []
+        try:
+            for key in reversed(self._disk):  # diskcache: rowid order, i.e. newest inserted first
+                if len(keys) >= limit:
+                    break
+                if type(key) is bytes and len(key) == KEY_BYTES:
+                    keys.append(key)
+        except TypeError:  # a disk without ordered iteration
+            pass
+        except _READ_ERRORS as exc:  # e.g. a pickled key: keep what we have
+            self._reads.failed(exc)
+        return keys
 
     def enqueue(self, items: Sequence[Entry]) -> None:
         """Queue writes for the writer thread; never waits for the disk."""
@@ -289,9 +333,7 @@ class DiskTier:
     def _write(self, batch: deque[Entry]) -> int:
         """Everything queued in one transaction; the number written."""
         try:
-            with self._disk.transact():
-                for key, scores in batch:
-                    self._disk.set(key, scores.tolist(), expire=self._expire)
+            self._disk.set_many(batch, self._expire)
         except Exception as exc:  # the writer must outlive any failure: all of them mean "disk failing"
             self._writes.failed(exc)
             return 0

@@ -20,16 +20,16 @@ class MemoryLRU:
     def __init__(self, budget_bytes: int):
         self.budget = budget_bytes
         self.bytes = 0
-        self._entries: OrderedDict[str, tuple[np.ndarray, float, int]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[np.ndarray, float, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @staticmethod
-    def size_of(key: str, value: np.ndarray) -> int:
+    def size_of(key: bytes, value: np.ndarray) -> int:
         return sys.getsizeof(key) + value.nbytes + _ENTRY_OVERHEAD_BYTES
 
-    def get(self, key: str, now: float) -> Optional[np.ndarray]:
+    def get(self, key: bytes, now: float) -> Optional[np.ndarray]:
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -40,7 +40,7 @@ class MemoryLRU:
         self._entries.move_to_end(key)
         return entry[0]
 
-    def put(self, key: str, value: np.ndarray, expires_at: float) -> None:
+    def put(self, key: bytes, value: np.ndarray, expires_at: float) -> None:
         size = self.size_of(key, value)
         if size > self.budget:
             return

@@ -1,16 +1,19 @@
 """The result cache: an in-memory LRU (by bytes) in front of diskcache, free on a miss.
 
-Keys (cache_key.py) are sha256 hex digests over the model's sha256 and its INT8 input
-tensor (after preprocessing and quantizing, one sample). Values are the model's
+Keys (cache_key.py) are 128-bit blake2b digests over the model's sha256 and its INT8
+input tensor (after preprocessing and quantizing, one sample). Values are the model's
 dequantized float32 scores as read-only vectors, so `top_k` and labels are applied
-after the cache and stay free to change.
+after the cache and stay free to change. Each entry is one private copy of its scores,
+shared by the memory tier and the disk queue.
 
-The reply path only touches memory: a miss is one key digest plus one dict lookup
-under one lock. Measured with scripts/bench_cache.py (timeit best of 5 and process CPU
-time, 50x6 int8 input, 20k entries, AMD EPYC, CPython 3.11): make_key 1.25 us; a miss
-(key + get_many) 2.2 us of CPU, well under the 5 us budget; a hit 2.2 us; put_many of
-one vector 2.3 us. The disk (disk_tier.py) is written behind by one thread and
-read only for models whose invoke costs more than a disk read.
+What it pays for, and when:
+- the reply path only touches memory: a miss is one key digest plus one dict lookup under
+  one lock;
+- a result is stored only for an input seen before (doorkeeper.py), so a stream that never
+  repeats stores nothing: the first sighting is refused, the second admitted, the third hits;
+- the disk (disk_tier.py) is read only for models whose invoke costs more than a disk read,
+  and for the same reason only their results are written to it, behind, by one thread.
+scripts/bench_cache.py measures it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from daemon.cache.disk_tier import OFF, DiskTier, open_tier
+from daemon.cache.doorkeeper import Doorkeeper
 from daemon.cache.memory_tier import MemoryLRU
 
 logger = logging.getLogger(__name__)
@@ -63,6 +67,8 @@ class ResultCache:
         self._ttl_s = config.ttl_s or math.inf
         self._lock = threading.Lock()  # guards the LRU and the counters below
         self._hits = self._disk_hits = self._misses = 0
+        self._admitted = self._refused = 0
+        self._doorkeeper = Doorkeeper()
         budget = config.memory_mb * _MIB if config.enabled else 0
         self._memory = MemoryLRU(budget) if budget > 0 else None
         self._disk: Optional[DiskTier] = None
@@ -75,14 +81,17 @@ class ResultCache:
                 self._reopener = threading.Thread(target=self._reopen, args=(config, reopen_s),
                                                   name="cache-reopen", daemon=True)
                 self._reopener.start()
-        if self._disk is not None and self._memory is not None:
-            self._warm()
+        if self._disk is not None:
+            self._remember_disk_keys(self._disk)
+            if self._memory is not None:
+                self._warm()
 
     def _reopen(self, config: CacheSettings, interval_s: float) -> None:
         """A disk that failed at start (full, unwritable, not yet mounted) is tried again now and then."""
         while not self._closing.wait(interval_s):
             disk = open_tier(config.dir, config.max_mb, config.ttl_s, report=False)
             if disk is not None:
+                self._remember_disk_keys(disk)
                 with self._lock:
                     self._disk = disk
                 logger.info("cache %s opened on a retry: the disk tier works again", config.dir)
@@ -93,12 +102,19 @@ class ResultCache:
         """Either tier works, or the disk may still come (it failed at start and is being retried)."""
         return self._memory is not None or self._disk is not None or self._reopener is not None
 
+    def _remember_disk_keys(self, disk: DiskTier) -> None:
+        """What a past run stored counts as seen: the disk is read for it on its first sighting."""
+        keys = disk.newest_keys(self._doorkeeper.capacity - 1)  # one generation: no rotation forgets them
+        with self._lock:
+            for key in keys:
+                self._doorkeeper.seen(key)
+
     def _warm(self) -> None:
         """Fill memory from disk, newest first, up to the memory budget."""
         assert self._disk is not None and self._memory is not None
         start, room = time.perf_counter(), [self._memory.budget]
 
-        def fits(key: str, value: np.ndarray) -> bool:
+        def fits(key: bytes, value: np.ndarray) -> bool:
             room[0] -= self._memory.size_of(key, value)
             return room[0] >= 0
 
@@ -110,7 +126,12 @@ class ResultCache:
         logger.info("cache warmed %s entries (%s bytes) from disk in %.3f s",
                     len(entries), self._memory.bytes, time.perf_counter() - start)
 
-    def get_many(self, keys: Sequence[str], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]:
+    def _disk_pays(self, invoke_cost_s: float) -> Optional[DiskTier]:
+        """The disk tier when reading it costs less than running the model (per sample), else None."""
+        disk = self._disk
+        return disk if disk is not None and invoke_cost_s > disk.read_cost_s else None
+
+    def get_many(self, keys: Sequence[bytes], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]:
         """Memory; the disk for the misses only when invoke_cost_s (per sample) exceeds a disk read."""
         now = self._clock()
         memory = self._memory
@@ -119,12 +140,15 @@ class ResultCache:
             missing = [i for i, value in enumerate(found) if value is None]
             self._hits += len(found) - len(missing)
             self._misses += len(missing)
-        disk = self._disk
-        if missing and disk is not None and disk.readable and invoke_cost_s > disk.read_cost_s:
-            self._read_disk(disk, keys, found, missing, now)
+        disk = self._disk_pays(invoke_cost_s) if missing else None
+        if disk is not None and disk.readable:
+            with self._lock:  # only what was seen before can have been stored: a new input costs no read
+                missing = [i for i in missing if keys[i] in self._doorkeeper]
+            if missing:
+                self._read_disk(disk, keys, found, missing, now)
         return found
 
-    def _read_disk(self, disk: DiskTier, keys: Sequence[str], found: list, missing: list[int], now: float) -> None:
+    def _read_disk(self, disk: DiskTier, keys: Sequence[bytes], found: list, missing: list[int], now: float) -> None:
         """Fill `found` from disk and promote what it had into memory."""
         for i in missing:
             value, left = disk.read(keys[i])
@@ -138,27 +162,37 @@ class ResultCache:
                 if self._memory is not None:
                     self._memory.put(keys[i], value, expires_at)
 
-    def put_many(self, items: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Into memory now; onto the disk later, by the writer thread."""
-        if not items:
+    def put_many(self, items: Sequence[tuple[bytes, np.ndarray]], invoke_cost_s: float = 0.0) -> None:
+        """The results of inputs seen before: into memory now, and onto the disk later (by the
+        writer thread) when the model (invoke_cost_s per sample) costs more than a disk read.
+        The others are only remembered, by the doorkeeper."""
+        seen = self._doorkeeper.seen
+        with self._lock:
+            admitted = [(key, scores) for key, scores in items if seen(key)]
+            self._admitted += len(admitted)
+            self._refused += len(items) - len(admitted)
+        if not admitted:
             return
-        frozen = [(key, _frozen(scores)) for key, scores in items]
+        frozen = [(key, _frozen(scores)) for key, scores in admitted]
         if self._memory is not None:
             expires_at = self._clock() + self._ttl_s
             with self._lock:
                 for key, value in frozen:
                     self._memory.put(key, value, expires_at)
-        if self._disk is not None:
-            self._disk.enqueue(frozen)
+        disk = self._disk_pays(invoke_cost_s)
+        if disk is not None:
+            disk.enqueue(frozen)
 
     def snapshot(self) -> dict:
         with self._lock:
             hits, disk_hits, misses = self._hits, self._disk_hits, self._misses
+            admitted, refused = self._admitted, self._refused
             entries = len(self._memory) if self._memory is not None else 0
             used = self._memory.bytes if self._memory is not None else 0
         disk = self._disk or self._closed_disk
         total = hits + disk_hits + misses
         return {"entries": entries, "bytes": used, "hits": hits, "disk_hits": disk_hits, "misses": misses,
+                "admitted": admitted, "refused": refused,
                 "hit_rate": (hits + disk_hits) / total if total else 0.0,
                 "writes": disk.writes if disk else 0, "write_batches": disk.write_batches if disk else 0,
                 "dropped_writes": disk.dropped_writes if disk else 0,

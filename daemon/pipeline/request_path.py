@@ -16,11 +16,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from daemon.cache.cache_key import make_key
+from daemon.cache.cache_key import make_keys
 from daemon.config.schema import CLASSIFY
 from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 from daemon.pipeline import codecs
-from daemon.pipeline.route_pipeline import CacheEntry, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
+from daemon.pipeline.route_pipeline import CacheBatch, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 
 
 def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
@@ -41,7 +41,7 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
             live.append((i, d))
     x = _finite_rows(pipe, live, replies)
     decoded = [(i, d) for i, d in live if replies[i] is None]
-    fresh: list[CacheEntry] = []
+    fresh: list[CacheBatch] = []
     if decoded:
         rows = [requests[i] for i, _ in decoded]
         scores, cached, reused, fresh, x = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
@@ -59,7 +59,7 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
 
 def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
           reuse: Optional[ReuseState], clock: Clock,
-          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry], np.ndarray]:
+          stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheBatch], np.ndarray]:
     """Outputs for the rows (sensor units): reused per device, else from the cache or the model;
     and the rows as the model takes them, in real values (an autoencoder's score needs them)."""
     mark = clock()
@@ -72,7 +72,7 @@ def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Ru
 
 def _outputs(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner,
              cache: Optional[ScoreCache], reuse: Optional[ReuseState], clock: Clock, mark: float,
-             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheBatch]]:
     """Outputs, whether each came from the cache, whether each was reused, and what to cache."""
     if reuse is not None and len(rows) > 1 and not reuse.in_batch(model.cost_per_sample_s):
         reuse.forget([r.device for r in rows])  # a cheap model: in a batch, reuse costs more than it saves
@@ -99,7 +99,7 @@ def _outputs(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model:
 
 def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, cache: Optional[ScoreCache],
              reuse: ReuseState, clock: Clock, mark: float,
-             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheEntry]]:
+             stages: dict) -> tuple[np.ndarray, list[bool], list[bool], list[CacheBatch]]:
     """One request on a route with reuse: its device's last result when the input barely moved,
     else the cache or the model, and then the input and scores become the device's reference."""
     hit = reuse.match_one(row.device, x[0], pipe.model_sha256, mark)
@@ -118,12 +118,12 @@ def _one_row(pipe: RoutePipeline, x: np.ndarray, row: Request, model: Runner, ca
 
 def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, model: Runner,
              cache: Optional[ScoreCache], clock: Clock, mark: float,
-             stages: dict) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+             stages: dict) -> tuple[np.ndarray, list[bool], list[CacheBatch]]:
     """Some rows reused: the others (`todo`) are gathered, quantized and scored, then all are scattered back."""
     q = model.quantize(x[todo], pipe.pixels_as_is) if todo else None
     stages["preprocess"] = clock() - mark
     scores, cached = np.empty((len(found), model.num_outputs), dtype=np.float32), [False] * len(found)
-    fresh: list[CacheEntry] = []
+    fresh: list[CacheBatch] = []
     if q is not None:
         scores[todo], hits, fresh = _scores(pipe, q, model, cache)
         for row, hit in zip(todo, hits):
@@ -173,23 +173,27 @@ def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now
 
 
 def _scores(pipe: RoutePipeline, q: np.ndarray, model: Runner,
-            cache: Optional[ScoreCache]) -> tuple[np.ndarray, list[bool], list[CacheEntry]]:
+            cache: Optional[ScoreCache]) -> tuple[np.ndarray, list[bool], list[CacheBatch]]:
     """Scores for INT8 input rows: cache hits are reused, misses run through the model."""
     n = q.shape[0]
     if cache is None:
         return model.infer_quantized(q), [False] * n, []
-    keys = [make_key(pipe.model_sha256, row) for row in q]
+    keys = make_keys(pipe.model_sha256, q)  # the model's digest: a swapped model never gets the old answers
     hits = cache.get_many(keys, model.cost_per_sample_s)
     misses = [i for i, hit in enumerate(hits) if hit is None]
+    if len(misses) == n:  # a stream that never repeats: no gather, no scatter
+        computed = model.infer_quantized(q)
+        return computed, [False] * n, [(keys, computed, model.cost_per_sample_s)]
     scores = np.empty((n, model.num_outputs), dtype=np.float32)
     for i, hit in enumerate(hits):
         if hit is not None:
             scores[i] = hit
-    fresh: list[CacheEntry] = []
+    fresh: list[CacheBatch] = []
     if misses:
         computed = model.infer_quantized(q[misses])
         scores[misses] = computed
-        fresh = [(keys[i], computed[row].copy()) for row, i in enumerate(misses)]
+        # No copy here: the cache copies what it admits (one copy per entry), and `computed` is ours.
+        fresh = [([keys[i] for i in misses], computed, model.cost_per_sample_s)]
     return scores, [hit is not None for hit in hits], fresh
 
 
@@ -202,7 +206,9 @@ def handle(pipe: RoutePipeline, payload: bytes, model: Runner, cache: Optional[S
 
 
 def store(cache: Optional[ScoreCache], outcome: Outcome) -> None:
-    """The results `handle_batch` computed, into the cache: the caller does it after replying, so
-    the write is never on the reply path; the cache is read and written here only."""
-    if cache is not None and outcome.fresh:
-        cache.put_many(outcome.fresh)
+    """The results `handle_batch` computed, offered to the cache (which admits those it has seen
+    before): the caller does it after replying, so the write is never on the reply path; the
+    cache is read and written here only."""
+    if cache is not None:
+        for keys, scores, invoke_cost_s in outcome.fresh:
+            cache.put_many(list(zip(keys, scores)), invoke_cost_s)

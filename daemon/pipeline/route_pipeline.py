@@ -23,7 +23,9 @@ from daemon.pipeline.postprocess import ModelOutputs
 SHA_PREFIX = 12
 
 Clock = Callable[[], float]
-CacheEntry = tuple[str, np.ndarray]
+CacheEntry = tuple[bytes, np.ndarray]
+CacheBatch = tuple[list[bytes], np.ndarray, float]
+"""Results to store: their keys, their score rows, and the model's invoke cost per sample."""
 
 
 class Digested(Protocol):
@@ -46,8 +48,8 @@ class Runner(Protocol):
 
 
 class ScoreCache(Protocol):
-    def get_many(self, keys: Sequence[str], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]: ...
-    def put_many(self, items: Sequence[CacheEntry]) -> None: ...
+    def get_many(self, keys: Sequence[bytes], invoke_cost_s: float = 0.0) -> list[Optional[np.ndarray]]: ...
+    def put_many(self, items: Sequence[CacheEntry], invoke_cost_s: float = 0.0) -> None: ...
 
 
 class ReuseState(Protocol):
@@ -80,7 +82,7 @@ class Outcome:
     """One reply per request, in order, plus what the caller stores in the cache after replying."""
 
     replies: list[dict]
-    fresh: list[CacheEntry] = field(default_factory=list)
+    fresh: list[CacheBatch] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
 
 

@@ -1,10 +1,11 @@
-"""The two-tier result cache: memory LRU semantics, write-behind to the real diskcache,
-restart warm-up, refusing pickled rows, corrupt and unusable dirs, a disk that is slow
-or failing. Waits are event-driven with generous limits; no sleeps guess timing."""
+"""The two-tier result cache: admission, memory LRU semantics, write-behind to the real
+diskcache (only for models worth it), restart warm-up, refusing pickled rows, corrupt and
+unusable dirs, a disk that is slow or failing. Waits are event-driven with generous limits;
+no sleeps guess timing."""
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import logging
 import os
 import pickle
@@ -17,15 +18,16 @@ import diskcache
 import numpy as np
 import pytest
 
+from daemon.cache.cache_key import KEY_BYTES, make_key, make_keys
+from daemon.cache.disk_tier import DiskTier, SafeDisk, ScoreStore
 from daemon.cache.result_cache import ResultCache
-from daemon.cache.cache_key import make_key
 from daemon.config.schema import CacheConfig
-from daemon.cache.disk_tier import DiskTier, SafeJSONDisk
 from tests.fakes import FakeClock
 
 WAIT_S = 30.0  # generous: only a broken writer ever waits this long
 SHA = "ab" * 32
 BIG = 100_000  # floats per vector: ~400 KB, so a 1 MiB memory tier holds two
+COSTLY = 10.0  # seconds of invoke per sample: a model whose results are worth the disk
 
 
 class Boom:
@@ -41,13 +43,13 @@ class Boom:
 
 
 class FakeDisk:
-    """get/set/transact/close in memory; transact can block on `gate` or raise `fail`."""
+    """get/set_many/close in memory; set_many can block on `gate` or raise `fail`."""
 
     def __init__(self, gate: threading.Event | None = None):
         self.rows: dict = {}
         self.gets = self.transactions = 0
         self.gate, self.fail = gate, None
-        self.entered = threading.Event()  # set when the writer is inside transact()
+        self.entered = threading.Event()  # set when the writer is inside set_many()
 
     def get(self, key, expire_time=False):
         self.gets += 1
@@ -55,21 +57,28 @@ class FakeDisk:
             raise self.fail
         return self.rows.get(key), None
 
-    @contextlib.contextmanager
-    def transact(self):
+    def set_many(self, entries, expire):
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(WAIT_S)
         if self.fail:
             raise self.fail
         self.transactions += 1
-        yield
-
-    def set(self, key, value, expire=None):
-        self.rows[key] = value
+        self.rows.update((key, scores.tobytes()) for key, scores in entries)
 
     def close(self):
         pass
+
+
+def K(name: str) -> bytes:
+    """A key as the daemon makes them: KEY_BYTES of digest."""
+    return hashlib.blake2b(name.encode(), digest_size=KEY_BYTES).digest()
+
+
+def _admit(cache: ResultCache, items, invoke_cost_s: float = COSTLY) -> None:
+    """Offer the results twice: the first sighting is only remembered, the second stored."""
+    cache.put_many(items, invoke_cost_s)
+    cache.put_many(items, invoke_cost_s)
 
 
 def _config(path, **kw) -> CacheConfig:
@@ -78,6 +87,10 @@ def _config(path, **kw) -> CacheConfig:
 
 def _vec(*values) -> np.ndarray:
     return np.array(values, np.float32)
+
+
+def _row(*values) -> bytes:
+    return _vec(*values).tobytes()
 
 
 def _quantize(x: np.ndarray, scale: float = 0.1, zero_point: int = -3) -> np.ndarray:
@@ -89,10 +102,17 @@ def _quantize(x: np.ndarray, scale: float = 0.1, zero_point: int = -3) -> np.nda
 def test_key_depends_on_model_dtype_shape_and_bytes():
     t = np.arange(6, dtype=np.int8).reshape(2, 3)
     base = make_key("m1", t)
-    assert base == make_key("m1", t.copy()) and len(base) == 64
+    assert base == make_key("m1", t.copy()) and type(base) is bytes and len(base) == KEY_BYTES
     assert len({base, make_key("m2", t), make_key("m1", t + 1), make_key("m1", t.reshape(3, 2)),
                 make_key("m1", t.astype(np.uint8))}) == 5
     assert make_key("m1", t.T) == make_key("m1", np.ascontiguousarray(t.T))  # by value, not memory layout
+
+
+def test_a_batchs_keys_are_its_rows_keys():
+    batch = np.random.default_rng(0).integers(-128, 128, (5, 50, 6), dtype=np.int8)
+    keys = make_keys(SHA, batch)
+    assert keys == [make_key(SHA, row) for row in batch] and len(set(keys)) == 5
+    assert make_keys(SHA, batch[::2]) == keys[::2]  # a gathered (strided) batch keys by value
 
 
 def test_float_inputs_that_quantize_alike_share_a_key():
@@ -108,9 +128,9 @@ def test_float_inputs_that_quantize_alike_share_a_key():
 def test_a_hit_returns_the_stored_vector_read_only_and_a_miss_none(tmp_path):
     cache = ResultCache(_config(tmp_path / "c"), disk=FakeDisk())
     scores = _vec(0.25, 0.75)
-    cache.put_many([("k1", scores)])
+    _admit(cache, [(K("k1"), scores)])
     scores[0] = 9.0  # the caller's buffer is its own to reuse
-    hit, miss = cache.get_many(["k1", "nope"])
+    hit, miss = cache.get_many([K("k1"), K("nope")])
     assert hit.tolist() == [0.25, 0.75] and hit.dtype == np.float32 and not hit.flags.writeable
     assert miss is None
     snap = cache.snapshot()
@@ -121,10 +141,10 @@ def test_a_hit_returns_the_stored_vector_read_only_and_a_miss_none(tmp_path):
 def test_lru_evicts_the_least_recently_used_by_bytes(tmp_path):
     cache = ResultCache(_config(tmp_path / "c", memory_mb=1), disk=FakeDisk())
     big = np.zeros(BIG, np.float32)
-    cache.put_many([("a", big), ("b", big)])
-    cache.get_many(["a"])  # a is now more recent than b
-    cache.put_many([("c", big)])
-    assert [v is not None for v in cache.get_many(["a", "b", "c"])] == [True, False, True]
+    _admit(cache, [(K("a"), big), (K("b"), big)])
+    cache.get_many([K("a")])  # a is now more recent than b
+    _admit(cache, [(K("c"), big)])
+    assert [v is not None for v in cache.get_many([K("a"), K("b"), K("c")])] == [True, False, True]
     snap = cache.snapshot()
     assert snap["entries"] == 2 and 2 * big.nbytes < snap["bytes"] <= 1 << 20
 
@@ -132,19 +152,19 @@ def test_lru_evicts_the_least_recently_used_by_bytes(tmp_path):
 def test_ttl_expires_memory_entries_on_the_injected_clock(tmp_path):
     clock = FakeClock()
     cache = ResultCache(_config(tmp_path / "c", ttl_s=10), disk=FakeDisk(), clock=clock)
-    cache.put_many([("k", _vec(1.0))])
+    _admit(cache, [(K("k"), _vec(1.0))])
     clock.now = 9.9
-    assert cache.get_many(["k"])[0] is not None
+    assert cache.get_many([K("k")])[0] is not None
     clock.now = 10.0
-    assert cache.get_many(["k"]) == [None] and cache.snapshot()["entries"] == 0
+    assert cache.get_many([K("k")]) == [None] and cache.snapshot()["entries"] == 0
 
 
 def test_ttl_zero_keeps_entries(tmp_path):
     clock = FakeClock()
     cache = ResultCache(_config(tmp_path / "c", ttl_s=0), disk=FakeDisk(), clock=clock)
-    cache.put_many([("k", _vec(1.0))])
+    _admit(cache, [(K("k"), _vec(1.0))])
     clock.now = 1e12
-    assert cache.get_many(["k"])[0] is not None
+    assert cache.get_many([K("k")])[0] is not None
 
 
 # --- write-behind -------------------------------------------------------------------------
@@ -153,15 +173,15 @@ def test_a_slow_disk_never_delays_a_reply(tmp_path):
     gate = threading.Event()
     disk = FakeDisk(gate)
     cache = ResultCache(_config(tmp_path / "c"), disk=disk)
-    cache.put_many([("k1", _vec(1.0))])
+    _admit(cache, [(K("k1"), _vec(1.0))])
     assert disk.entered.wait(WAIT_S)  # the writer is now stuck inside the disk
-    cache.put_many([("k2", _vec(2.0))])
-    hits = cache.get_many(["k1", "k2", "absent"], invoke_cost_s=10.0)
+    _admit(cache, [(K("k2"), _vec(2.0))])
+    hits = cache.get_many([K("k1"), K("k2"), K("absent")], invoke_cost_s=10.0)
     assert not gate.is_set()  # both calls returned while the disk was still blocked
     assert [h is not None for h in hits] == [True, True, False]
     gate.set()
     assert cache.flush(WAIT_S)
-    assert disk.rows == {"k1": [1.0], "k2": [2.0]}
+    assert disk.rows == {K("k1"): _row(1.0), K("k2"): _row(2.0)}
     cache.close()
 
 
@@ -169,10 +189,10 @@ def test_writes_queued_while_the_writer_is_busy_land_in_one_transaction(tmp_path
     gate = threading.Event()
     disk = FakeDisk(gate)
     cache = ResultCache(_config(tmp_path / "c"), disk=disk)
-    cache.put_many([("first", _vec(0.0))])
+    _admit(cache, [(K("first"), _vec(0.0))])
     assert disk.entered.wait(WAIT_S)
     for i in range(20):
-        cache.put_many([(f"k{i}", _vec(float(i)))])
+        _admit(cache, [(K(f"k{i}"), _vec(float(i)))])
     gate.set()
     assert cache.flush(WAIT_S)
     assert disk.transactions == 2 and len(disk.rows) == 21  # "first", then all 20 together
@@ -185,26 +205,28 @@ def test_a_full_write_queue_drops_the_oldest_and_never_blocks():
     gate = threading.Event()
     disk = FakeDisk(gate)
     tier = DiskTier(disk, ttl_s=0, queue_max=2)
-    tier.enqueue([("first", _vec(0.0))])
+    tier.enqueue([(K("first"), _vec(0.0))])
     assert disk.entered.wait(WAIT_S)
-    tier.enqueue([("a", _vec(1.0)), ("b", _vec(2.0)), ("c", _vec(3.0))])
+    tier.enqueue([(K("a"), _vec(1.0)), (K("b"), _vec(2.0)), (K("c"), _vec(3.0))])
     assert not gate.is_set() and tier.dropped_writes == 1
     gate.set()
     assert tier.flush(WAIT_S)
-    assert sorted(disk.rows) == ["b", "c", "first"]
+    assert set(disk.rows) == {K("b"), K("c"), K("first")}
     tier.close(WAIT_S)
 
 
 def test_the_disk_is_read_only_when_the_model_costs_more_than_a_read(tmp_path):
     disk = FakeDisk()
-    disk.rows["k"] = [0.5, 0.5]
-    cache = ResultCache(_config(tmp_path / "c"), disk=disk)
+    disk.rows[K("k")] = _row(0.5, 0.5)
+    cache = ResultCache(_config(tmp_path / "c"), disk=disk)  # a FakeDisk cannot be listed: nothing is warmed
+    assert cache.get_many([K("k")], invoke_cost_s=COSTLY) == [None]  # never seen: it cannot have been stored
+    cache.put_many([(K("k"), _vec(9.0))], invoke_cost_s=0.0)  # its first sighting: remembered, not stored
     gets, read_cost = disk.gets, cache.snapshot()["disk_read_us"] / 1e6
-    assert cache.get_many(["k"], invoke_cost_s=read_cost / 2) == [None] and disk.gets == gets
-    assert cache.get_many(["k"], invoke_cost_s=read_cost * 1000 + 1.0)[0].tolist() == [0.5, 0.5]
+    assert cache.get_many([K("k")], invoke_cost_s=read_cost / 2) == [None] and disk.gets == gets
+    assert cache.get_many([K("k")], invoke_cost_s=read_cost * 1000 + 1.0)[0].tolist() == [0.5, 0.5]
     assert disk.gets == gets + 1
-    assert cache.get_many(["k"], invoke_cost_s=10.0)[0] is not None and disk.gets == gets + 1  # promoted
-    assert (cache.snapshot()["disk_hits"], cache.snapshot()["hits"]) == (1, 1)
+    assert cache.get_many([K("k")], invoke_cost_s=10.0)[0] is not None and disk.gets == gets + 1  # promoted
+    assert (cache.snapshot()["disk_hits"], cache.snapshot()["hits"]) == (1, 1) and disk.rows[K("k")] == _row(0.5, 0.5)
 
 
 def test_disk_failures_are_reported_once_and_never_raise(tmp_path, caplog):
@@ -212,15 +234,15 @@ def test_disk_failures_are_reported_once_and_never_raise(tmp_path, caplog):
     cache = ResultCache(_config(tmp_path / "c", memory_mb=0), disk=disk)
     disk.fail = sqlite3.OperationalError("disk I/O error")
     for i in range(3):
-        cache.put_many([(f"k{i}", _vec(1.0))])
+        _admit(cache, [(K(f"k{i}"), _vec(1.0))])
         assert not cache.flush(WAIT_S)
-        assert cache.get_many([f"k{i}"], invoke_cost_s=10.0) == [None]
+        assert cache.get_many([K(f"k{i}")], invoke_cost_s=10.0) == [None]
     assert cache.snapshot()["disk"] == "failing"
     assert caplog.text.count("cache write failed") == 1 and caplog.text.count("cache read failed") == 1
     disk.fail = None
-    cache.put_many([("ok", _vec(2.0))])
+    _admit(cache, [(K("ok"), _vec(2.0))])
     assert cache.flush(WAIT_S) and cache.snapshot()["disk"] == "ok"
-    assert cache.get_many(["ok"], invoke_cost_s=10.0)[0].tolist() == [2.0]
+    assert cache.get_many([K("ok")], invoke_cost_s=10.0)[0].tolist() == [2.0]
     cache.close()
 
 
@@ -228,48 +250,58 @@ def test_disk_failures_are_reported_once_and_never_raise(tmp_path, caplog):
 
 def test_a_restart_keeps_the_results_warm_in_memory(tmp_path):
     cache = ResultCache(_config(tmp_path / "c"))
-    cache.put_many([("k1", _vec(0.25, 0.75))])
+    _admit(cache, [(K("k1"), _vec(0.25, 0.75))])
     cache.close()
     reopened = ResultCache(_config(tmp_path / "c"))
-    assert reopened.get_many(["k1"])[0].tolist() == [0.25, 0.75]  # invoke cost 0: memory only
+    assert reopened.get_many([K("k1")])[0].tolist() == [0.25, 0.75]  # invoke cost 0: memory only
     assert reopened.snapshot()["hits"] == 1
     assert stat.S_IMODE(os.stat(tmp_path / "c").st_mode) == 0o700
     reopened.close()
 
 
+def test_a_restart_reads_the_disk_for_what_a_past_run_stored_at_its_first_sighting(tmp_path):
+    cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
+    _admit(cache, [(K("k1"), _vec(0.25, 0.75))])
+    cache.close()
+    reopened = ResultCache(_config(tmp_path / "c", memory_mb=0))  # no memory tier: only the disk can answer
+    assert reopened.get_many([K("k1"), K("new")], invoke_cost_s=COSTLY)[0].tolist() == [0.25, 0.75]
+    assert reopened.snapshot()["disk_hits"] == 1
+    reopened.close()
+
+
 def test_warm_up_takes_the_newest_entries_up_to_the_memory_budget(tmp_path):
     cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
-    for key in ("old", "mid", "new"):
-        cache.put_many([(key, np.full(BIG, 0.5, np.float32))])
+    for key in (K("old"), K("mid"), K("new")):
+        _admit(cache, [(key, np.full(BIG, 0.5, np.float32))])
     cache.close()
     reopened = ResultCache(_config(tmp_path / "c", memory_mb=1))
-    assert [v is not None for v in reopened.get_many(["old", "mid", "new"])] == [False, True, True]
-    assert reopened.get_many(["old"], invoke_cost_s=10.0)[0] is not None  # still on disk
+    assert [v is not None for v in reopened.get_many([K("old"), K("mid"), K("new")])] == [False, True, True]
+    assert reopened.get_many([K("old")], invoke_cost_s=10.0)[0] is not None  # still on disk
     reopened.close()
 
 
 def test_disk_entries_expire_with_the_ttl(tmp_path):
     cache = ResultCache(_config(tmp_path / "c", ttl_s=60, memory_mb=0))
-    cache.put_many([("k", _vec(1.0))])
+    _admit(cache, [(K("k"), _vec(1.0))])
     cache.close()
-    raw = diskcache.Cache(str(tmp_path / "c"), disk=SafeJSONDisk)
+    raw = diskcache.Cache(str(tmp_path / "c"), disk=SafeDisk)
     assert raw.expire(now=10**12) == 1  # diskcache's own clock hook: far in the future
     raw.close()
-    assert ResultCache(_config(tmp_path / "c")).get_many(["k"], invoke_cost_s=10.0) == [None]
+    assert ResultCache(_config(tmp_path / "c")).get_many([K("k")], invoke_cost_s=10.0) == [None]
 
 
 def test_a_planted_pickle_row_is_refused_not_unpickled(tmp_path, caplog):
     cache = ResultCache(_config(tmp_path / "c"))
-    cache.put_many([("k", _vec(1.0))])
+    _admit(cache, [(K("k"), _vec(1.0))])
     cache.close()
     db = sqlite3.connect(tmp_path / "c" / "cache.db")
-    db.execute("UPDATE Cache SET mode = 4, value = ? WHERE key = 'k'", (pickle.dumps(Boom()),))
+    db.execute("UPDATE Cache SET mode = 4, value = ? WHERE key = ?", (pickle.dumps(Boom()), K("k")))
     db.commit()
     db.close()
     warmed = ResultCache(_config(tmp_path / "c"))  # warm-up reads every row
-    assert warmed.get_many(["k"]) == [None] and "refused 1 non-JSON rows" in caplog.text
+    assert warmed.get_many([K("k")]) == [None] and "refused 1 pickled rows" in caplog.text
     cold = ResultCache(_config(tmp_path / "c", memory_mb=0))  # the reply-path read
-    assert cold.get_many(["k"], invoke_cost_s=10.0) == [None]
+    assert cold.get_many([K("k")], invoke_cost_s=10.0) == [None]
     assert Boom.ran is False
 
 
@@ -279,9 +311,9 @@ def test_corrupt_database_is_quarantined_once_and_recreated(tmp_path):
         (tmp_path / "c" / "cache.db").write_bytes(b"this is not sqlite %d" % generation * 100)
         cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
         assert cache.enabled and cache.snapshot()["disk"] == "ok"
-        cache.put_many([("k", _vec(1.0))])
+        _admit(cache, [(K("k"), _vec(1.0))])
         assert cache.flush(WAIT_S)
-        assert cache.get_many(["k"], invoke_cost_s=10.0)[0].tolist() == [1.0]
+        assert cache.get_many([K("k")], invoke_cost_s=10.0)[0].tolist() == [1.0]
         cache.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "c.corrupt"]
     assert (tmp_path / "c.corrupt" / "cache.db").read_bytes().startswith(b"this is not sqlite 2")  # the latest
@@ -293,8 +325,8 @@ def test_a_disk_that_fails_at_start_is_retried_and_comes_back(tmp_path, caplog):
     blocker.write_text("x")
     cache = ResultCache(_config(blocker / "sub"), reopen_s=0.05)
     assert cache.enabled and cache.snapshot()["disk"] == "off"
-    cache.put_many([("k", _vec(1.0))])
-    assert cache.get_many(["k"])[0] is not None and cache.flush(WAIT_S)
+    _admit(cache, [(K("k"), _vec(1.0))])
+    assert cache.get_many([K("k")])[0] is not None and cache.flush(WAIT_S)
     assert "serving without a disk cache" in caplog.text
     blocker.unlink()  # the operator frees the path
     for _ in range(int(WAIT_S / 0.05)):
@@ -321,22 +353,22 @@ def test_a_cache_dir_owned_by_someone_else_is_never_chmodded(tmp_path, caplog):
 
 def test_disabled_cache_does_nothing(tmp_path):
     cache = ResultCache(CacheConfig(enabled=False, dir=tmp_path / "c"))
-    cache.put_many([("k", _vec(1.0))])
-    assert not cache.enabled and cache.get_many(["k"], invoke_cost_s=10.0) == [None]
+    _admit(cache, [(K("k"), _vec(1.0))])
+    assert not cache.enabled and cache.get_many([K("k")], invoke_cost_s=10.0) == [None]
     assert not (tmp_path / "c").exists()
 
 
 def test_a_database_corrupted_under_the_daemon_degrades_and_is_reported_once(tmp_path, caplog):
     cache = ResultCache(_config(tmp_path / "c", memory_mb=0))
-    cache.put_many([("k", _vec(1.0))])
+    _admit(cache, [(K("k"), _vec(1.0))])
     assert cache.flush(WAIT_S)
     for name in os.listdir(tmp_path / "c"):  # the database vanishes under the running daemon
         if name.startswith("cache.db"):
             (tmp_path / "c" / name).write_bytes(b"garbage" * 1000)
     for _ in range(3):
-        cache.put_many([("k2", _vec(1.0))])
+        _admit(cache, [(K("k2"), _vec(1.0))])
         assert not cache.flush(WAIT_S)
-        assert cache.get_many(["k2"], invoke_cost_s=10.0) == [None]
+        assert cache.get_many([K("k2")], invoke_cost_s=10.0) == [None]
     assert caplog.text.count("cache write failed") == 1
     assert caplog.text.count("serving without it until it recovers") <= 2  # once per action at most
 
@@ -350,3 +382,31 @@ def test_an_unwritable_location_is_not_mistaken_for_corruption(tmp_path, caplog)
     assert not any(p.name.startswith("c.corrupt") for p in tmp_path.iterdir())
     cache.close()
     assert "serving without a disk cache" in caplog.text
+
+
+def test_set_many_keeps_diskcaches_books(tmp_path):
+    """ScoreStore.set_many writes diskcache's own table: its count, size limit and expiry hold."""
+    store = ScoreStore(str(tmp_path / "c"), disk=SafeDisk, size_limit=1 << 20, cull_limit=10,
+                       eviction_policy="least-recently-stored")
+    rows = [(K(f"k{i}"), np.full(1000, float(i), np.float32)) for i in range(100)]  # 4 KB each
+    store.set_many(rows[:50], expire=None)
+    store.set_many(rows[:10], expire=None)  # again: updated in place, not added
+    assert len(store) == 50 and store.check() == []
+    value, expire_at = store.get(K("k3"), expire_time=True)
+    assert np.frombuffer(value, "<f4").tolist() == [3.0] * 1000 and expire_at is None
+    for start in range(50, 400, 50):  # ~1.6 MB in all, past the 1 MiB limit: the oldest are culled
+        store.set_many([(K(f"k{i}"), np.full(1000, float(i), np.float32)) for i in range(start, start + 50)], None)
+    assert store.volume() < 2 << 20 and len(store) < 350
+    assert store.get(K("k399")) is not None and store.get(K("k0")) is None  # least recently stored go first
+    store.set_many([(K("brief"), _vec(1.0))], expire=60)
+    assert store.expire(now=10**12) == 1 and store.get(K("brief")) is None
+    store.close()
+
+
+def test_a_row_of_an_older_layout_is_skipped_at_warm_up(tmp_path):
+    raw = diskcache.Cache(str(tmp_path / "c"))
+    raw.set("ab" * 32, b"[1.0,2.0,3.]")  # a hex key from before the 16-byte digests (12 bytes: 3 floats)
+    raw.close()
+    cache = ResultCache(_config(tmp_path / "c"))
+    assert cache.snapshot()["entries"] == 0
+    cache.close()

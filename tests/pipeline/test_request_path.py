@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -66,6 +67,18 @@ def test_cache_hit_skips_inference_and_int8_equal_inputs_hit():
     assert first["top_k"] == second["top_k"] == near["top_k"]
 
 
+def test_the_key_holds_the_model_so_another_model_never_gets_its_answers():
+    """The one place the daemon makes keys: a key without the model's digest would answer the
+    swapped-in model from the old model's entry (tests/integration/test_reload.py end to end)."""
+    model, cache = FakeModel(), DictCache()
+    other = dataclasses.replace(PIPE, model_sha256="cd" * 32)
+    assert handle(PIPE, _request([1, 3, 0, 0]), model, cache, 0.0, lambda: 0.0)["cached"] is False
+    assert handle(other, _request([1, 3, 0, 0]), model, cache, 0.0, lambda: 0.0)["cached"] is False
+    assert handle(other, _request([1, 3, 0, 0]), model, cache, 0.0, lambda: 0.0)["cached"] is True
+    assert handle(PIPE, _request([1, 3, 0, 0]), model, cache, 0.0, lambda: 0.0)["cached"] is True
+    assert model.calls == [1, 1] and len(cache.rows) == 2
+
+
 def test_a_batch_reuses_hits_runs_misses_in_one_invoke_and_returns_the_new_entries():
     model, cache = FakeModel(), DictCache()
     handle(PIPE, _request([1, 1, 0, 0]), model, cache, 0.0, lambda: 0.0)
@@ -73,7 +86,9 @@ def test_a_batch_reuses_hits_runs_misses_in_one_invoke_and_returns_the_new_entri
     outcome = handle_batch(PIPE, requests, model, cache, lambda: 0.0)
     assert [r["cached"] for r in outcome.replies] == [True, False, False] and model.calls == [1, 2]
     assert [r["index"] for r in outcome.replies] == [2, 0, 2]
-    assert len(outcome.fresh) == 2 and len(cache.rows) == 1  # the caller stores them, after replying
+    [(keys, scores, cost)] = outcome.fresh  # one group per batch: keys, score rows, the model's cost
+    assert len(keys) == len(scores) == 2 and cost == model.cost_per_sample_s
+    assert len(cache.rows) == 1  # the caller stores them, after replying
     assert set(outcome.stages) == {"decode", "preprocess", "infer", "postprocess"}
 
 

@@ -12,7 +12,7 @@ from daemon.config.loader import load_config
 from daemon.errors import ConfigError
 from daemon.config.reuse import ReuseConfig
 from daemon.pipeline.route_pipeline import Request, RoutePipeline
-from daemon.pipeline.request_path import handle_batch
+from daemon.pipeline.request_path import handle_batch, store
 from daemon.pipeline.reuse import DeviceReuse
 from tests.pipeline.test_request_path import PIPE, ROUTE, DictCache, FakeModel, _request
 
@@ -81,7 +81,7 @@ def test_reused_is_absent_without_reuse_and_a_batch_mixes_hits_misses_and_cache(
     model.cost_per_sample_s = 1.0  # a costly model: its batches consult reuse
     assert "reused" not in _one([1, 1, 0, 0], "s/a", model, None, 0.0)
     first = handle_batch(PIPE, [Request(_request([1, 1, 0, 0]), 0.0, None, "s/a")], model, cache, lambda: 0.0, reuse)
-    cache.put_many(first.fresh)
+    store(cache, first)
     for o in handle_batch(PIPE, [Request(_request([1, 1, 0, 0]), 0.0, None, "s/b")], model, cache,
                           lambda: 0.0, reuse).replies:
         assert (o["cached"], o["reused"]) == (True, False)  # an exact cache hit is a reference too
