@@ -219,7 +219,11 @@ class Service:
             from daemon.obs import prometheus  # optional: only a configured endpoint needs prometheus-client
 
             prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
-                             lambda: self._queue_state() or {}, self._residency.state)
+                             lambda: self._queue_state() or {}, self._residency.state, self._cache_state)
+
+    def _cache_state(self) -> dict:
+        cache = self._cache
+        return cache.snapshot() if cache is not None and cache.enabled else {}
 
     def _handle_signals(self) -> None:
         """The main loop's side of the signal queue: TERM and INT stop, HUP reloads."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 _SUMMED = ("received", "results", "reconnects")
-_CACHE_COUNTERS = ("hits", "disk_hits", "misses", "writes", "write_batches", "dropped_writes")
+_CACHE_COUNTERS = ("hits", "disk_hits", "misses", "admitted", "refused", "writes", "write_batches", "dropped_writes")
 _CACHE_SUMMED = ("entries", "bytes", *_CACHE_COUNTERS)
 _OUTBOX_COUNTERS = ("dropped", "flushed")
 _LATENCY_KEYS = ("p50", "p99")  # what daemon/obs/stats.py reports

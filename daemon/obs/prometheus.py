@@ -40,10 +40,12 @@ def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
 class StatsCollector:
     """Turns Stats (and the queue gauges) into metric families on every scrape."""
 
-    def __init__(self, stats: Stats, queue: Callable[[], dict], models: Callable[[], dict] = dict):
+    def __init__(self, stats: Stats, queue: Callable[[], dict], models: Callable[[], dict] = dict,
+                 cache: Callable[[], dict] = dict):
         self._stats = stats
         self._queue = queue
         self._models = models  # daemon/model/residency.py Residency.state(): loaded, cold starts by model
+        self._cache = cache  # daemon/cache/result_cache.py ResultCache.snapshot(), {} when off
 
     def collect(self) -> Iterator:
         h = self._stats.histograms()
@@ -65,6 +67,25 @@ class StatsCollector:
             gauge.add_metric([], queue.get(key, 0))
             yield gauge
         yield from self._residency()
+        yield from self._cache_metrics()
+
+    def _cache_metrics(self) -> Iterator:
+        snapshot = self._cache()
+        if "hits" not in snapshot:
+            return  # the cache is off
+        lookups = CounterMetricFamily(f"{PREFIX}_cache_lookups", "Cache lookups by where they were "
+                                      "answered (memory, disk) or a miss", labels=["result"])
+        for result, key in (("hit", "hits"), ("disk_hit", "disk_hits"), ("miss", "misses")):
+            lookups.add_metric([result], snapshot.get(key, 0))
+        yield lookups
+        offers = CounterMetricFamily(f"{PREFIX}_cache_admissions", "Computed results offered to the cache: "
+                                     "admitted (the input was seen before) or refused", labels=["decision"])
+        for decision in ("admitted", "refused"):
+            offers.add_metric([decision], snapshot.get(decision, 0))
+        yield offers
+        entries = GaugeMetricFamily(f"{PREFIX}_cache_entries", "Entries in the memory tier")
+        entries.add_metric([], snapshot.get("entries", 0))
+        yield entries
 
     def _residency(self) -> Iterator:
         loaded = GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 while any worker holds the model's "
@@ -80,9 +101,9 @@ class StatsCollector:
 
 
 def serve(port: int, address: str, stats: Stats, queue: Callable[[], dict],
-          models: Callable[[], dict] = dict) -> None:
+          models: Callable[[], dict] = dict, cache: Callable[[], dict] = dict) -> None:
     """Start the endpoint on its own daemon thread (prometheus_client's HTTP server)."""
     registry = CollectorRegistry()
-    registry.register(StatsCollector(stats, queue, models))
+    registry.register(StatsCollector(stats, queue, models, cache))
     start_http_server(port, addr=address, registry=registry)
     logger.info("Prometheus metrics on http://%s:%d/metrics", address, port)

@@ -2,6 +2,9 @@
 
 Full before start, filled while serving, then freed: every request is still answered
 (memory tier and inference), each failure episode is logged once, and the recovery once.
+The appliance route: its model costs more than a disk read, so its results are written to
+the disk tier (a cheap model's never are), and each input is sent twice, since the cache
+stores a result only for an input seen before.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def fill(directory: Path, leave_bytes: int = 0) -> Path:
 
 def requests(n: int, seed: int) -> list[bytes]:
     rng = np.random.default_rng(seed)
-    with np.load(ROOT / "models/activity/test.npz") as data:
+    with np.load(ROOT / "models/appliance/test.npz") as data:
         x = data["x"]
     rows = x[np.arange(n) % len(x)] + rng.normal(0.0, _NOISE_STD, (n, *x.shape[1:]))
     return [json.dumps({"id": i, "data": np.round(r, 2).tolist()}).encode() for i, r in enumerate(rows)]
@@ -67,14 +70,20 @@ def serve_all(client, topic: str, reply_topic: str, payloads: list[bytes]) -> No
     assert all("label" in r for r in replies)
 
 
+def serve_twice(client, topic: str, reply_topic: str, payloads: list[bytes]) -> None:
+    """Each input seen, then seen again: the second sighting is stored (and written to disk)."""
+    serve_all(client, topic, reply_topic, payloads)
+    serve_all(client, topic, reply_topic, payloads)
+
+
 def test_a_full_cache_disk_costs_no_reply_and_each_episode_is_logged_once(tmp_path, small_fs, broker, start_daemon):
     config = write_config(tmp_path, cache={"dir": str(small_fs / "cache")})
     # (a) full before start: the disk tier cannot open; memory and inference serve everything.
     filler = fill(small_fs)
     client = Client(broker)
     first = start_daemon(config, wait_online=client)
-    client.subscribe("results/d1/activity")
-    serve_all(client, "sensors/d1/imu", "results/d1/activity", requests(50, seed=1))
+    client.subscribe("results/d1/appliance")
+    serve_twice(client, "plugs/d1/power", "results/d1/appliance", requests(25, seed=1))
     assert first.stop() == 0
     assert first.log().count("cannot be opened") == 1, first.log()
     client.close()
@@ -82,14 +91,14 @@ def test_a_full_cache_disk_costs_no_reply_and_each_episode_is_logged_once(tmp_pa
     # (b) room at start, then full while serving: the cache writes fail, the replies do not.
     client = Client(broker)
     second = start_daemon(config, wait_online=client)
-    client.subscribe("results/d2/activity")
+    client.subscribe("results/d2/appliance")
     filler = fill(small_fs)
-    serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(300, seed=2))
+    serve_twice(client, "plugs/d2/power", "results/d2/appliance", requests(150, seed=2))
     assert second.wait_for_log("cache write failed"), second.log()[-3000:]
-    serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=3))
+    serve_twice(client, "plugs/d2/power", "results/d2/appliance", requests(50, seed=3))
     # (c) space freed: the next writes work, and say so once.
     filler.unlink()
-    serve_all(client, "sensors/d2/imu", "results/d2/activity", requests(100, seed=4))
+    serve_twice(client, "plugs/d2/power", "results/d2/appliance", requests(50, seed=4))
     assert second.wait_for_log("cache write works again"), second.log()[-3000:]
     client.close()
     assert second.stop() == 0

@@ -121,26 +121,37 @@ def test_a_model_swapped_with_the_cache_on_never_serves_the_old_models_cached_an
     by the new model, and then the new model's hit. (A key that forgot the model would answer it
     from the old model's entry, `cached: true`, with the new model's digest on it.)"""
     model, labels = _activity_copy(tmp_path)
-    config = write_config(tmp_path, cache={"enabled": True, "dir": str(tmp_path / "cache")},
+    config = write_config(tmp_path, cache={"enabled": True, "dir": str(tmp_path / "cache")}, stats_interval_s=0.1,
                           models={"activity": {"path": str(model), "labels": str(labels)},
                                   "appliance": {"path": str(ROOT / "models/appliance/model.tflite"),
                                                 "labels": str(ROOT / "models/appliance/labels.txt")}})
     daemon = start_daemon(config, wait_online=client)
     client.subscribe("results/r4/activity")
+    client.subscribe("edge-inferd/edge-inferd/stats")
     request = _requests(1)[0]
-    for n in (1, 2):
+
+    def send(n: int, offered: int) -> None:
+        """Request n, then wait until the cache has taken its result (offered after the reply)."""
         client.publish("sensors/r4/imu", request)
         client.wait_count("results/r4/activity", n)
+        client.wait_json_until("edge-inferd/edge-inferd/stats",
+                               lambda s: s["cache"]["refused"] + s["cache"]["admitted"] >= offered)
+
+    for n in (1, 2):  # admission: the first sighting is remembered, the second stored, the third a hit
+        send(n, offered=n)
+    client.publish("sensors/r4/imu", request)
+    client.wait_count("results/r4/activity", 3)
     old = [json.loads(m.payload) for m in client.on("results/r4/activity")]
-    assert [r["cached"] for r in old] == [False, True]
+    assert [r["cached"] for r in old] == [False, False, True]
     # The same graph with 16 bytes appended: the same int8 input tensor and answers, another digest.
     model.write_bytes(model.read_bytes() + b"\0" * 16)
     daemon.proc.send_signal(signal.SIGHUP)
     assert daemon.wait_for_log("reload: applied (models swapped: activity)"), daemon.log()[-3000:]
-    for n in (3, 4):
-        client.publish("sensors/r4/imu", request)
-        client.wait_count("results/r4/activity", n)
-    new = [json.loads(m.payload) for m in client.on("results/r4/activity")][2:]
-    assert [r["cached"] for r in new] == [False, True]
+    for n in (4, 5):
+        send(n, offered=n - 1)  # the hit (request 3) offered nothing
+    client.publish("sensors/r4/imu", request)
+    client.wait_count("results/r4/activity", 6)
+    new = [json.loads(m.payload) for m in client.on("results/r4/activity")][3:]
+    assert [r["cached"] for r in new] == [False, False, True]
     assert {r["model_sha256"] for r in new} != {old[0]["model_sha256"]}
     assert new[0]["label"] == old[0]["label"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from daemon.obs import stats_topic
 
 
@@ -41,3 +44,27 @@ def test_workers_carry_the_running_count_its_bounds_and_the_scale_counts():
     scaling = {"min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}
     snapshot = stats_topic.payload({}, 0.0, {}, 2, {"depth": 0, "busy": 1}, scaling=scaling)
     assert snapshot["workers"] == {"threads": 2, "busy": 1, "min": 1, "max": 4, "scale_ups": 3, "scale_downs": 2}
+
+
+def test_the_cache_section_carries_admission_counts_to_the_stats_and_prometheus(tmp_path):
+    """The real cache's snapshot: the stats topic takes it whole; Prometheus names each counter."""
+    pytest.importorskip("prometheus_client")
+    from daemon.cache.result_cache import ResultCache
+    from daemon.config.schema import CacheConfig
+    from daemon.obs.prometheus import StatsCollector
+    from daemon.obs.stats import Stats
+
+    cache = ResultCache(CacheConfig(dir=tmp_path / "c", memory_mb=1))
+    key = b"k" * 16
+    cache.put_many([(key, np.ones(3, np.float32))])  # refused: first sighting
+    cache.put_many([(key, np.ones(3, np.float32))])  # admitted
+    cache.get_many([key, b"n" * 16])
+    payload = stats_topic.payload(_snapshot(), 1.0, {}, 0, {}, cache, 0, {})
+    assert (payload["cache"]["admitted"], payload["cache"]["refused"]) == (1, 1)
+    families = {f.name: f for f in StatsCollector(Stats(), dict, dict, cache.snapshot).collect()}
+    assert {s.labels["decision"]: s.value for s in families["edge_inferd_cache_admissions"].samples} == {
+        "admitted": 1, "refused": 1}
+    assert {s.labels["result"]: s.value for s in families["edge_inferd_cache_lookups"].samples} == {
+        "hit": 1, "disk_hit": 0, "miss": 1}
+    cache.close()
+    assert "edge_inferd_cache_lookups" not in {f.name for f in StatsCollector(Stats(), dict).collect()}
