@@ -55,7 +55,8 @@ def test_bench_e2e_quick(tmp_path):
             _all_answered(point, point["sent"], overload=point["rate_spec"] == "2x")
             assert point["answered"] > 0
     cache = results["cache"]
-    assert cache["all_repeat"]["cache_hits"] == REQUESTS  # the same data again: every request a hit
+    assert cache["all_repeat"]["cache_hits"] == REQUESTS  # the same data a third time (admitted on the second): all hits
+    assert cache["all_unique"]["cache_hits"] == cache["second_sighting"]["cache_hits"] == 0
     assert 0 < cache["mixed"]["cache_hits"] <= cache["mixed"]["repeats_sent"]
     daemons = [c.name for c in CONSUMERS if c.kind == "daemon"]
     assert list(results["batching"]) == daemons

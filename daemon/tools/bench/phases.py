@@ -307,18 +307,22 @@ class Phases:
         n_mixed = max(1, int(rate * self.plan.duration))
         uniques = self.unique_samples(n_mixed)
         mixed_ids = self.bench.ids(0).start  # the next ids the paced stream will get
-        order = [k if k == 0 or self.rng.random() >= REPEAT_SHARE else int(self.rng.integers(0, k))
-                 for k in range(n_mixed)]
+        order: list[int] = []  # a repeat is an exact repeat of an earlier request (so popular data repeats more)
+        for k in range(n_mixed):
+            order.append(k if k == 0 or self.rng.random() >= REPEAT_SHARE else order[int(self.rng.integers(0, k))])
         logger.info("cache: mixed stream, %d requests at %.0f req/s, %.0f%% repeats", n_mixed, rate,
                     REPEAT_SHARE * 100)
         mixed = self.paced(proc, rate, self.plan.duration,
                            lambda i: json_line(i, uniques[order[i - mixed_ids]]) if i >= 0 else self.line(i))
         mixed["repeats_sent"] = sum(1 for k, o in enumerate(order) if o != k)
         fresh = self.unique_samples(self.plan.requests)
-        logger.info("cache: %d unique requests, then the same data again with new ids", self.plan.requests)
+        logger.info("cache: %d unique requests, then the same data twice more with new ids", self.plan.requests)
         unique = self.bench.drain(proc, self._stream(fresh), self.topic, self.plan.requests)
+        # The cache stores a result only for an input seen before: the second pass is admitted, the third hits.
+        second = self.bench.drain(proc, self._stream(fresh), self.topic, self.plan.requests)
         repeat = self.bench.drain(proc, self._stream(fresh), self.topic, self.plan.requests)
-        return {"rate": round(rate, 1), "mixed": mixed, "all_unique": unique, "all_repeat": repeat}
+        return {"rate": round(rate, 1), "mixed": mixed, "all_unique": unique, "second_sighting": second,
+                "all_repeat": repeat}
 
     def _stream(self, data: list[bytes]) -> Callable[[int], bytes]:
         first = self.bench.ids(0).start
