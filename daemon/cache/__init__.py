@@ -1,1 +1,1 @@
-"""The result cache: its key, admission, the memory tier and the disk tier. Imports nothing of the daemon but `errors`."""
+"""The result cache: key, admission, memory tier, disk tier. Imports nothing of the daemon but `errors`."""

@@ -136,12 +136,15 @@ class RouteConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
-    """false serves every request from the model."""
+    """false serves every request from the model. When on, a result is stored only for an input
+    seen before (the second sighting; the third is a hit), so a stream that never repeats costs
+    the cache almost nothing (docs/performance.md, "The result cache")."""
     dir: Path = Path(".cache/edge-inferd")
     """Created with mode 0700; survives restarts. Relative: under $CACHE_DIRECTORY when systemd
     sets it (CacheDirectory=), else next to the config file."""
     max_mb: int = 256
-    """Size cap in MiB."""
+    """Size cap in MiB of the disk tier, which holds the results of models whose invoke costs
+    more than a disk read (a cheaper model's results stay in memory)."""
     ttl_s: float = 3600.0
     """Entries expire after this many seconds (both tiers); 0 keeps them until evicted."""
     memory_mb: int = 32
