@@ -44,6 +44,13 @@ _DIR_MODE = 0o700
 _SQLITE_TIMEOUT_S = 1.0  # a busy database is a miss or a lost write, never a long stall
 _WRITE_QUEUE_MAX = 4096  # pending writes; a burst beyond this loses its oldest cache writes
 _COST_EWMA_WEIGHT = 0.2  # weight of the newest read in the disk read cost estimate
+# A read slower than this counts as this slow in the estimate: one stalled read (a busy database
+# waits up to _SQLITE_TIMEOUT_S) must not make every model look cheaper than the disk for minutes,
+# and a model slower than this is worth the disk however slow it is.
+_READ_COST_CAP_S = 0.001
+# The writer re-times a read this often when it has nothing to write: the disk is written only for
+# models that cost more than a read, so without it a high estimate would never be corrected.
+_PROBE_INTERVAL_S = 5.0
 _WARM_LIMIT_S = 2.0  # a huge cache must not hold start-up hostage
 _PROBE_KEY = b"\0probe"  # never a real key (those are KEY_BYTES long)
 _SCORE_DTYPE = np.dtype("<f4")
@@ -215,8 +222,10 @@ class _Health:
 class DiskTier:
     """Timed reads on the caller's thread; writes queued for one writer thread."""
 
-    def __init__(self, disk: Any, ttl_s: float, queue_max: int = _WRITE_QUEUE_MAX):
+    def __init__(self, disk: Any, ttl_s: float, queue_max: int = _WRITE_QUEUE_MAX,
+                 probe_interval_s: float = _PROBE_INTERVAL_S):
         self._disk = disk
+        self._probe_interval_s = probe_interval_s
         self._expire = ttl_s or None
         self._queue_max = queue_max
         self._reads, self._writes = _Health("read"), _Health("write")
@@ -244,7 +253,8 @@ class DiskTier:
             return self._disk.get(key, expire_time=True)
         finally:
             # Races between reader threads lose an update at worst: it is an estimate.
-            self.read_cost_s += _COST_EWMA_WEIGHT * (time.perf_counter() - start - self.read_cost_s)
+            took = min(time.perf_counter() - start, _READ_COST_CAP_S)
+            self.read_cost_s += _COST_EWMA_WEIGHT * (took - self.read_cost_s)
 
     def read(self, key: bytes) -> tuple[Optional[np.ndarray], Optional[float]]:
         """(scores or None, seconds left to live or None for never); failures are misses."""
@@ -318,10 +328,13 @@ class DiskTier:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._stopping)
-                if not self._pending:
-                    return  # stopping, and everything queued is written
+                self._cond.wait_for(lambda: self._pending or self._stopping, timeout=self._probe_interval_s)
+                if self._stopping and not self._pending:
+                    return  # everything queued is written
                 batch, self._pending = self._pending, deque()
+            if not batch:  # idle: re-time a read (and notice a disk that recovered)
+                self.read(_PROBE_KEY)
+                continue
             written = self._write(batch)
             self.read(batch[-1][0] if written else _PROBE_KEY)  # refresh the cost, notice recovery
             with self._cond:

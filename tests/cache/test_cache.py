@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from daemon.cache.cache_key import KEY_BYTES, make_key, make_keys
+from daemon.cache import disk_tier
 from daemon.cache.disk_tier import DiskTier, SafeDisk, ScoreStore
 from daemon.cache.result_cache import ResultCache
 from daemon.config.schema import CacheConfig
@@ -50,9 +51,14 @@ class FakeDisk:
         self.gets = self.transactions = 0
         self.gate, self.fail = gate, None
         self.entered = threading.Event()  # set when the writer is inside set_many()
+        self.read_s, self.reads_wanted, self.read_enough = 0.0, 0, threading.Event()
 
     def get(self, key, expire_time=False):
         self.gets += 1
+        if self.read_s:
+            time.sleep(self.read_s)  # a stalled read, for the cost estimate
+        if self.gets >= self.reads_wanted:
+            self.read_enough.set()
         if self.fail:
             raise self.fail
         return self.rows.get(key), None
@@ -227,6 +233,20 @@ def test_the_disk_is_read_only_when_the_model_costs_more_than_a_read(tmp_path):
     assert disk.gets == gets + 1
     assert cache.get_many([K("k")], invoke_cost_s=10.0)[0] is not None and disk.gets == gets + 1  # promoted
     assert (cache.snapshot()["disk_hits"], cache.snapshot()["hits"]) == (1, 1) and disk.rows[K("k")] == _row(0.5, 0.5)
+
+
+def test_a_stalled_read_counts_at_most_the_cap_and_an_idle_writer_corrects_the_estimate():
+    disk = FakeDisk()
+    disk.read_s = 0.05  # fifty times the cap
+    tier = DiskTier(disk, ttl_s=0, probe_interval_s=0.01)
+    assert tier.read_cost_s <= disk_tier._READ_COST_CAP_S  # the first (timed) read, at start
+    disk.read_s = 0.0
+    tier.read_cost_s = 1.0  # however high the estimate got, with nothing to write
+    disk.reads_wanted = disk.gets + 31  # when the 31st starts, the 30 before it are in the estimate
+    disk.read_enough.clear()
+    assert disk.read_enough.wait(WAIT_S)  # the idle writer re-times reads on its own
+    assert tier.read_cost_s < 0.01  # 0.8^30 of 1.0 at most, plus what the reads took
+    tier.close(WAIT_S)
 
 
 def test_disk_failures_are_reported_once_and_never_raise(tmp_path, caplog):
