@@ -302,7 +302,11 @@ class Model:
         t_small = self._time(zeros[small])
         t_large = self._time(zeros[large]) if large > small else t_small
         if large > small:
-            self.cost_per_sample_s = max(0.0, (t_large - t_small) / (large - small))
+            slope = (t_large - t_small) / (large - small)
+            # More samples never cost less: a slope at or below zero is a busy machine slowing the
+            # small bucket's timing (seen 1 in 15 warm-ups under load), and the cache and reuse would
+            # take the model for free. Per sample at the largest bucket is the honest fallback.
+            self.cost_per_sample_s = slope if slope > 0 else t_large / large
         else:
             self.cost_per_sample_s = t_small / small
         self.cost_per_invoke_s = max(0.0, t_small - self.cost_per_sample_s * small)
