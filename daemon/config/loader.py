@@ -201,7 +201,7 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
     p, d = "workers", WorkersConfig()
     if "queue" in m:
         r.error(m, "queue", p, "replaced by workers.queue_mb: queued requests are bounded by their bytes, "
-                "and overload by workers.max_wait_ms")
+                "and a request's wait by its own deadline")
     most = r.get(m, "max", p, int, d.max, minimum=1)
     return WorkersConfig(
         max=most,
@@ -209,11 +209,17 @@ def _read_workers(r: Reader, m: Mapping) -> WorkersConfig:
         scale_up_wait_ms=r.get(m, "scale_up_wait_ms", p, (int, float), d.scale_up_wait_ms, minimum=0),
         scale_down_after_s=r.get(m, "scale_down_after_s", p, (int, float), d.scale_down_after_s, minimum=0),
         queue_mb=r.get(m, "queue_mb", p, (int, float), d.queue_mb, minimum=MIN_QUEUE_MB),
-        max_wait_ms=r.get(m, "max_wait_ms", p, (int, float), d.max_wait_ms, minimum=0),
+        max_wait_ms=optional_float(r.get(m, "max_wait_ms", p, (int, float, type(None)), d.max_wait_ms,
+                                         check=_not_negative)),
         drain_timeout_s=r.get(m, "drain_timeout_s", p, (int, float), d.drain_timeout_s, minimum=0),
         processes=r.get(m, "processes", p, int, d.processes, minimum=1),
         idle_unload_s=r.get(m, "idle_unload_s", p, (int, float), d.idle_unload_s, minimum=0),
     )
+
+
+def _not_negative(value: Optional[float]) -> Optional[str]:
+    """For an optional number (null: off), where `minimum` cannot compare a null."""
+    return f"must be >= 0 or null, got {value!r}" if value is not None and value < 0 else None
 
 
 def _read_min_workers(r: Reader, m: Mapping, p: str, most: Optional[int]) -> int:

@@ -167,9 +167,15 @@ class WorkersConfig:
     queue_mb: float = 64.0
     """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
     that fits is served however many messages it holds; past it requests are `overloaded`."""
-    max_wait_ms: float = 2000.0
-    """A request whose predicted wait (work queued ahead x measured cost / workers) exceeds
-    this is answered `overloaded` at once, instead of being served late."""
+    max_wait_ms: Optional[float] = None
+    """Off (null) by default: deadlines decide shedding. A request without one (no v5 message
+    expiry, no `timeout_ms` in its JSON) is queued while the bytes fit `queue_mb`, however long
+    the wait, as the broker holds the backlog safely at QoS 1; one with a deadline is answered
+    `expired` as soon as its predicted wait passes it. Set this to cap every request's wait: a
+    request whose predicted wait (work queued ahead x measured cost / workers) exceeds it is
+    answered `overloaded` at once. Use it when clients never send deadlines but do give up
+    (a dashboard that stops listening after a few seconds), so they hear `overloaded` and can
+    retry instead of getting an answer nobody waits for."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long queued and in-flight work may take."""
     processes: int = 1

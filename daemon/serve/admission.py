@@ -1,11 +1,15 @@
 """Admission: which requests are queued, decided in O(1) on paho's thread.
 
-Two bounds, neither of them a message count (a burst of small requests that fits is
-served however many it holds):
-- memory: the bytes of queued requests stay within `workers.queue_mb`;
-- latency: a request whose predicted wait exceeds `workers.max_wait_ms` is answered
-  `overloaded` at once, and one whose own deadline (an MQTT v5 message expiry) would
-  pass before a worker reaches it is answered `expired` at once.
+Deadlines decide shedding, not a guess. Neither bound is a message count (a burst of
+small requests that fits is served however many it holds):
+- memory: the bytes of queued requests stay within `workers.queue_mb`; past it a request
+  is answered `overloaded`;
+- latency: a request whose own deadline (an MQTT v5 message expiry) would pass before a
+  worker reaches it is answered `expired` at once. A request without a deadline is queued
+  however long the predicted wait while the bytes fit: the broker holds the backlog
+  safely at QoS 1, and its client never said it would give up. Only an operator's
+  `workers.max_wait_ms` (opt-in, off by default) caps every request's predicted wait,
+  answering `overloaded` past it.
 
 The predicted wait is the work queued ahead divided by the workers (those running now,
 when the pool is adaptive). Each admitted
@@ -90,8 +94,9 @@ class Refusal:
 class Admission:
     """The queue's memory and latency budget; thread-safe (paho thread admits, workers release)."""
 
-    def __init__(self, budget_bytes: int, max_wait_s: float, workers: int, batch_size: int,
+    def __init__(self, budget_bytes: int, max_wait_s: Optional[float], workers: int, batch_size: int,
                  clock: Callable[[], float] = time.monotonic):
+        """`max_wait_s`: None (the default config) sheds no request for its predicted wait alone."""
         self._budget = budget_bytes
         self._max_wait = max_wait_s
         self._workers = max(1, workers)
@@ -118,7 +123,7 @@ class Admission:
             if self.queued_bytes + nbytes > self._budget:
                 return Refusal(OVERLOADED, f"queued requests hold {_kib(self.queued_bytes)} and this one "
                                f"{_kib(nbytes)}; the budget (workers.queue_mb) is {_kib(self._budget)}")
-            if wait > self._max_wait:
+            if self._max_wait is not None and wait > self._max_wait:
                 return Refusal(OVERLOADED, f"predicted wait {wait * _MS:.0f} ms exceeds workers.max_wait_ms "
                                f"{self._max_wait * _MS:.0f}; retry later")
             if deadline is not None and self._clock() + wait >= deadline:

@@ -2,7 +2,11 @@
 
 O(1) apart from the topic match (remembered per topic): no decoding, no I/O. A request
 that the rate or admission refuses is answered `rate_limited`, `overloaded` or `expired`
-right away, its id read by a prefix scan, so nothing is dropped silently. What is
+right away, its id read by a prefix scan, so nothing is dropped silently. One whose v5
+message expiry has already run out when it is read is answered `expired` too, and counted
+as `expired_on_arrival`: MQTT would let us ack it without a reply (the broker would have
+discarded it), but the house promises one reply per request, and a client that gave up
+loses nothing by hearing it. What is
 admitted goes to the worker pool as a `Job` (jobs.py), the one hand-off to the worker
 side (batches.py).
 """
@@ -16,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from daemon import topics
 from daemon.config.schema import COALESCE_LATEST
-from daemon.errors import RATE_LIMITED
+from daemon.errors import EXPIRED, RATE_LIMITED
 from daemon.obs.stats import Stats
 from daemon.pipeline.route_pipeline import RoutePipeline
 from daemon.serve.admission import Admission, Refusal
@@ -28,6 +32,8 @@ from daemon.transport.inbound import Inbound
 
 logger = logging.getLogger(__name__)
 
+# The counter of requests whose deadline had passed when they were read.
+EXPIRED_ON_ARRIVAL = "expired_on_arrival"
 # Request topics whose route and reply topic are remembered (devices seen recently).
 ROUTE_MEMO_SIZE = 4096
 
@@ -104,11 +110,15 @@ class Intake:
             return
         pipe, reply_topic = found
         route = pipe.route
+        deadline = inbound.deadline
+        if deadline is not None and self._clock() >= deadline:
+            self._expired_on_arrival(pipe, inbound, reply_topic, deadline)
+            return
         if self._rate.too_soon(inbound.topic, route.min_interval_ms, self._clock()):
             self._shed(pipe, inbound, reply_topic, Refusal(
                 RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"))
             return
-        verdict = self._admission.admit(route.name, len(inbound.payload), inbound.deadline)
+        verdict = self._admission.admit(route.name, len(inbound.payload), deadline)
         if isinstance(verdict, Refusal):
             self._shed(pipe, inbound, reply_topic, verdict)
             return
@@ -117,6 +127,14 @@ class Intake:
         if not self._submit(Job(pipe, inbound, reply_topic, verdict, seq)):
             self._admission.release(verdict)  # stopping: leave it unacked for redelivery
             self._rate.withdraw(inbound.topic, seq)
+
+    def _expired_on_arrival(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, deadline: float) -> None:
+        """Its v5 message expiry ran out before it was read (it waited in the socket or a burst): answered
+        `expired` and counted, not acked silently, so every request still gets its one reply."""
+        self._stats.incr(EXPIRED_ON_ARRIVAL)
+        late_ms = (self._clock() - deadline) * 1000.0
+        self._shed(pipe, inbound, reply_topic, Refusal(
+            EXPIRED, f"the request's message expiry passed {late_ms:.0f} ms before it was read"))
 
     def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
         self._replier.send_one(inbound, reply_topic, error(pipe, inbound, refusal.code, refusal.message))

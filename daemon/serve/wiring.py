@@ -83,7 +83,8 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
     reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
-    admission = Admission(workers.queue_bytes, workers.max_wait_ms / 1000.0, workers.min, batching.max_batch, clock)
+    max_wait_s = None if workers.max_wait_ms is None else workers.max_wait_ms / 1000.0
+    admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock)
     batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock)
     by_name = {p.route.name: p for p in pipes}
     pool: WorkerPool[Job, WorkerContext] = WorkerPool(

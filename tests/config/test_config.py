@@ -213,6 +213,15 @@ def test_adaptive_workers_keys_and_min_above_max(tmp_path):
     assert list(err.value.errors) == [f"workers.min: must be at most workers.max (2), got 3 (line {line})"]
 
 
+def test_max_wait_ms_is_off_unless_set_and_refuses_a_negative(tmp_path):
+    assert load_config(_workers_config(tmp_path, "  max: 2\n")).workers.max_wait_ms is None
+    assert load_config(_workers_config(tmp_path, "  max: 2\n  max_wait_ms: null\n")).workers.max_wait_ms is None
+    assert load_config(_workers_config(tmp_path, "  max: 2\n  max_wait_ms: 750\n")).workers.max_wait_ms == 750.0
+    with pytest.raises(ConfigError) as err:
+        load_config(_workers_config(tmp_path, "  max: 2\n  max_wait_ms: -1\n"))
+    assert "workers.max_wait_ms: must be >= 0 or null, got -1" in str(err.value)
+
+
 def test_rate_keys_are_read_and_checked(tmp_path):
     text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
     output = "    output:                     # what the model's outputs become in the reply"

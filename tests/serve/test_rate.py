@@ -19,12 +19,12 @@ from tests.fakes import FakeClock
 from tests.serve.test_serving import ONE_WORKER, ROOT, Recorder, _inbound, _request
 
 
-def _serving(clock: FakeClock, stats: Stats, **route_keys) -> wiring.Serving:
+def _serving(clock: FakeClock, stats: Stats, workers=ONE_WORKER, **route_keys) -> wiring.Serving:
     config = load_config(ROOT / "config.yaml")
     route = replace(config.routes[0], **route_keys)
     model = Model(config.models["activity"].path, max_batch=8)
     pipe = route_pipeline(config, route, model)
-    return wiring.build([pipe], None, stats, ONE_WORKER, lambda i: {"activity": model}, clock=clock)
+    return wiring.build([pipe], None, stats, workers, lambda i: {"activity": model}, clock=clock)
 
 
 def _codes(rec: Recorder) -> list:

@@ -52,7 +52,8 @@ class Recorder:
 
 
 def _inbound(topic: str, payload: bytes, mid: int, **kw) -> Inbound:
-    return Inbound(topic=topic, payload=payload, qos=1, mid=mid, received_at=time.monotonic(), **kw)
+    kw.setdefault("received_at", time.monotonic())
+    return Inbound(topic=topic, payload=payload, qos=1, mid=mid, **kw)
 
 
 ONE_WORKER = WorkersConfig(max=1)
