@@ -31,11 +31,18 @@ ERROR_PREFIX = "errors."
 
 
 class Stats:
-    """Thread-safe named counters plus recent end-to-end latencies."""
+    """Thread-safe named counters plus recent end-to-end latencies.
+
+    `incr` takes no lock: each thread adds to its own dict (one per thread, registered once),
+    and readers sum them. Only the owning thread writes a dict; a reader copies it with
+    `dict(...)`, one C call under the GIL, so it sees each counter before or after an
+    increment, never a torn one. `record` (a batch's counts at once) keeps the lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._local = threading.local()
+        self._shards: list[dict[str, int]] = []  # every thread's own counters; kept after it ends
         self._latency_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._stages: dict[str, Histogram] = {}
         self._batches = Histogram(BATCH_BUCKETS)
@@ -43,8 +50,19 @@ class Stats:
         self._duration = Histogram(STAGE_BUCKETS_S)  # end-to-end seconds of results
 
     def incr(self, name: str, n: int = 1) -> None:
+        try:
+            shard = self._local.counts
+        except AttributeError:
+            shard = self._new_shard()
+        shard[name] = shard.get(name, 0) + n
+
+    def _new_shard(self) -> dict[str, int]:
+        """This thread's counters, made on its first `incr`."""
+        shard: dict[str, int] = {}
         with self._lock:
-            self._counts[name] += n
+            self._shards.append(shard)
+        self._local.counts = shard
+        return shard
 
     def record(self, counts: Mapping[str, int], latencies_ms: Sequence[float] = (),
                outcomes: Mapping[tuple[str, str], int] = MappingProxyType({})) -> None:
@@ -85,8 +103,11 @@ class Stats:
             return self._all_counts()[name]
 
     def _all_counts(self) -> Counter[str]:
-        """The counters, plus `results` and `errors.<code>` summed from the outcomes (lock held)."""
+        """The counters and every thread's own, plus `results` and `errors.<code>` summed from the
+        outcomes (lock held)."""
         counts = Counter(self._counts)
+        for shard in self._shards:
+            counts.update(dict(shard))  # the copy is atomic; its thread may be adding meanwhile
         for (_, outcome), n in self._outcomes.items():
             counts[RESULTS if outcome == RESULT else f"{ERROR_PREFIX}{outcome}"] += n
         return counts
