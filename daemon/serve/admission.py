@@ -77,7 +77,8 @@ class CostModel:
         return self.a + self.b / max(1, batch_size)
 
 
-@dataclass(frozen=True)
+# Made once per request on paho's thread: slotted, not frozen (see jobs.Job); never assigned after.
+@dataclass(slots=True)
 class Ticket:
     """What an admitted request holds until a worker dequeues it."""
 
@@ -85,7 +86,7 @@ class Ticket:
     cost_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Refusal:
     code: str  # OVERLOADED or EXPIRED
     message: str

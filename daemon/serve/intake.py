@@ -6,9 +6,12 @@ right away, its id read by a prefix scan, so nothing is dropped silently. One wh
 message expiry has already run out when it is read is answered `expired` too, and counted
 as `expired_on_arrival`: MQTT would let us ack it without a reply (the broker would have
 discarded it), but the house promises one reply per request, and a client that gave up
-loses nothing by hearing it. What is
-admitted goes to the worker pool as a `Job` (jobs.py), the one hand-off to the worker
-side (batches.py).
+loses nothing by hearing it.
+
+The transport hands over the messages of one read burst at once (`on_burst`). What the
+burst admits goes to the worker pool as `Job`s (jobs.py) in one hand-off
+(`WorkerPool.submit_many`: one lock, one wake-up), the one hand-off to the worker side
+(batches.py); the burst's counters and shed replies are recorded in the stats once.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from daemon.serve.admission import Admission, Refusal
 from daemon.serve.cascade import RemoteCascade
 from daemon.serve.jobs import Job
 from daemon.serve.rate import DeviceRate
-from daemon.serve.replies import Replier, error
+from daemon.serve.replies import Replier, Tally, error
 from daemon.transport.inbound import Inbound
 
 logger = logging.getLogger(__name__)
 
+RECEIVED = "received"
 # The counter of requests whose deadline had passed when they were read.
 EXPIRED_ON_ARRIVAL = "expired_on_arrival"
 # Request topics whose route and reply topic are remembered (devices seen recently).
@@ -70,71 +74,93 @@ class RouteTable:
 
 
 class Intake:
-    """paho thread: a message -> a queued job, or its one reply at once."""
+    """paho thread: a read burst -> queued jobs, handed on at once, or each one's reply at once."""
 
-    def __init__(self, routes: RouteTable, rate: DeviceRate, admission: Admission, submit: Callable[[Job], bool],
-                 replier: Replier, stats: Stats, remote: Optional[RemoteCascade] = None,
-                 clock: Callable[[], float] = time.monotonic):
-        """`submit` queues a job for the workers (False while they stop); `remote` is the far-tier
-        cascade, whose answers arrive here too."""
+    def __init__(self, routes: RouteTable, rate: DeviceRate, admission: Admission,
+                 submit_many: Callable[[Sequence[Job]], bool], replier: Replier, stats: Stats,
+                 remote: Optional[RemoteCascade] = None, clock: Callable[[], float] = time.monotonic):
+        """`submit_many` queues a burst's jobs for the workers (False while they stop); `remote` is
+        the far-tier cascade, whose answers arrive here too."""
         self._routes = routes
         self._rate = rate
         self._admission = admission
-        self._submit = submit
+        self._submit_many = submit_many
         self._replier = replier
         self._stats = stats
         self._remote = remote
         self._clock = clock
 
     def on_burst(self, inbounds: Sequence[Inbound]) -> None:
-        """The messages of one read burst, in order; one that raises does not cost the others."""
+        """The messages of one read burst, in order: each routed, rated and admitted, or answered at
+        once; then the admitted ones go to the workers together (one lock, one wake-up) and the burst's
+        counters and shed replies are recorded once. One that raises does not cost the others."""
+        jobs: list[Job] = []
+        tally = Tally()
+        now = self._clock()  # one read: the burst's requests arrived together
+        received = 0
         for inbound in inbounds:
             try:
-                self.on_message(inbound)
+                if self._remote is not None and inbound.topic == self._remote.response_topic:
+                    self._far_answer(inbound)
+                    continue
+                received += 1
+                job = self._admit(inbound, now, tally)
+                if job is not None:
+                    jobs.append(job)
             except Exception:  # paho's loop thread must survive anything a message does
                 logger.exception("failed to hand on a message from %r", inbound.topic)
+        if jobs and not self._submit_many(jobs):
+            for job in jobs:  # stopping: leave them unacked for redelivery
+                self._admission.release(job.ticket)
+                self._rate.withdraw(job.inbound.topic, job.seq)
+        if received:
+            self._stats.incr(RECEIVED, received)
+        self._replier.record(tally)
 
     def on_message(self, inbound: Inbound) -> None:
-        if self._remote is not None and inbound.topic == self._remote.response_topic:
-            if not self._remote.on_response(inbound):  # a far tier's answer to an escalation
-                self._stats.incr("escalations_late")  # after its timeout (or from an earlier run): dropped
-            self._replier.ack(inbound)
-            return
-        self._stats.incr("received")
+        """One message: a burst of one."""
+        self.on_burst((inbound,))
+
+    def _far_answer(self, inbound: Inbound) -> None:
+        if not self._remote.on_response(inbound):  # a far tier's answer to an escalation
+            self._stats.incr("escalations_late")  # after its timeout (or from an earlier run): dropped
+        self._replier.ack(inbound)
+
+    def _admit(self, inbound: Inbound, now: float, tally: Tally) -> Optional[Job]:
+        """The request's job when admitted; else it is answered (or, unroutable, acked) and None."""
         found = self._routes.find(inbound.topic)
         if found is None:
             # Only our own filters are subscribed, so this is a broker-side overlap; ack it.
             self._stats.incr("unroutable")
             self._replier.log.warning("unroutable", "no route matches topic %r", inbound.topic)
             self._replier.ack(inbound)
-            return
+            return None
         pipe, reply_topic = found
         route = pipe.route
         deadline = inbound.deadline
-        if deadline is not None and self._clock() >= deadline:
-            self._expired_on_arrival(pipe, inbound, reply_topic, deadline)
-            return
-        if self._rate.too_soon(inbound.topic, route.min_interval_ms, self._clock()):
+        if deadline is not None and now >= deadline:
+            self._expired_on_arrival(pipe, inbound, reply_topic, now - deadline, tally)
+            return None
+        if route.min_interval_ms and self._rate.too_soon(inbound.topic, route.min_interval_ms, now):
             self._shed(pipe, inbound, reply_topic, Refusal(
-                RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"))
-            return
+                RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"),
+                tally)
+            return None
         verdict = self._admission.admit(route.name, len(inbound.payload), deadline)
         if isinstance(verdict, Refusal):
-            self._shed(pipe, inbound, reply_topic, verdict)
-            return
+            self._shed(pipe, inbound, reply_topic, verdict, tally)
+            return None
         coalesce = route.coalesce == COALESCE_LATEST
-        seq = self._rate.admitted(inbound.topic, self._clock(), coalesce) if coalesce or route.min_interval_ms else 0
-        if not self._submit(Job(pipe, inbound, reply_topic, verdict, seq)):
-            self._admission.release(verdict)  # stopping: leave it unacked for redelivery
-            self._rate.withdraw(inbound.topic, seq)
+        seq = self._rate.admitted(inbound.topic, now, coalesce) if coalesce or route.min_interval_ms else 0
+        return Job(pipe, inbound, reply_topic, verdict, seq)
 
-    def _expired_on_arrival(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, deadline: float) -> None:
+    def _expired_on_arrival(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, late_s: float,
+                            tally: Tally) -> None:
         """Its v5 message expiry ran out before it was read (it waited in the socket or a burst): answered
         `expired` and counted, not acked silently, so every request still gets its one reply."""
         self._stats.incr(EXPIRED_ON_ARRIVAL)
-        late_ms = (self._clock() - deadline) * 1000.0
         self._shed(pipe, inbound, reply_topic, Refusal(
-            EXPIRED, f"the request's message expiry passed {late_ms:.0f} ms before it was read"))
+            EXPIRED, f"the request's message expiry passed {late_s * 1000.0:.0f} ms before it was read"), tally)
 
-    def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal) -> None:
-        self._replier.send_one(inbound, reply_topic, error(pipe, inbound, refusal.code, refusal.message))
+    def _shed(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, refusal: Refusal, tally: Tally) -> None:
+        self._replier.send(inbound, reply_topic, error(pipe, inbound, refusal.code, refusal.message), tally)

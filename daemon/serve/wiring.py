@@ -95,5 +95,5 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
                           clock),
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
-    intake = Intake(routes, rate, admission, pool.submit, replier, stats, remote, clock)
+    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock)
     return Serving(intake, pool, admission, replier, routes, rate, reuse, remote)

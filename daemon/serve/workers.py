@@ -1,6 +1,6 @@
 """A pool of worker threads that take queued jobs in batches, each worker owning its interpreters.
 
-`submit` never blocks (it runs on paho's network thread) and never refuses for lack of
+`submit_many` (a read burst's jobs) never blocks (it runs on paho's network thread) and never refuses for lack of
 room: what may queue is decided before, by `admission.Admission` (bytes and predicted
 wait), so the queue itself is unbounded here. It returns False only while stopping.
 
@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from itertools import count
-from typing import Callable, Generic, Optional, TypeVar
+from typing import Callable, Generic, Optional, Sequence, TypeVar
 
 from daemon.serve.autoscale import GROW, HOLD, SHRINK, Autoscaler
 
@@ -114,12 +114,17 @@ class WorkerPool(Generic[J, C]):
 
     def submit(self, job: J) -> bool:
         """Queue a job without blocking; False when the pool is stopping."""
+        return self.submit_many((job,))
+
+    def submit_many(self, jobs: Sequence[J]) -> bool:
+        """Queue a read burst's jobs without blocking, in one lock round-trip and one wake-up (of as
+        many idle workers as there are jobs, who split them); False when the pool is stopping."""
         if not self._accepting:
             return False
         with self._cond:
-            self._queue.append(job)
+            self._queue.extend(jobs)
             if self._idle:
-                self._cond.notify()
+                self._cond.notify(min(self._idle, len(jobs)))
         return True
 
     @property

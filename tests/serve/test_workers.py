@@ -77,6 +77,26 @@ def test_each_worker_gets_its_own_context_and_a_failing_batch_does_not_kill_it()
     assert seen == {0, 1, 2}
 
 
+def test_a_burst_handed_on_at_once_wakes_as_many_idle_workers_as_it_has_jobs():
+    ran: list[int] = []
+    lock = threading.Lock()
+    together = threading.Barrier(3)
+
+    def process(ctx: int, jobs: list[int]) -> None:
+        together.wait(30)  # passes only if the one hand-off woke all three workers
+        with lock:
+            ran.extend(jobs)
+
+    pool: WorkerPool[int, int] = WorkerPool(3, lambda i: i, process, max_batch=8)
+    pool.start()
+    with pool._cond:  # every worker waiting for work before the burst arrives
+        assert pool._cond.wait_for(lambda: pool._idle == 3, 30)
+    assert pool.submit_many([1, 2, 3])
+    assert pool.stop(timeout_s=30)
+    assert sorted(ran) == [1, 2, 3] and not together.broken
+    assert not pool.submit_many([4])  # stopped: refuses
+
+
 def test_stop_reports_work_left_after_the_time_limit():
     gate = threading.Event()
     pool: WorkerPool[int, None] = WorkerPool(1, lambda i: None, lambda c, j: gate.wait(30))
