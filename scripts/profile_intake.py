@@ -98,7 +98,7 @@ def _serving(route_name: str, workers: int, stats: Stats):
     reference = Model(mc.path)
     pipe = route_pipeline(config, route, reference)
     batching = BatchingConfig()
-    cfg = WorkersConfig(max=workers, min=workers, queue_mb=1024)
+    cfg = WorkersConfig(max=workers, min=workers, queue_mb=1024, max_wait_ms=1e9)  # no shedding, either tree
     return wiring.build([pipe], None, stats, cfg, lambda i: {route.model: Model(mc.path, max_batch=batching.max_batch)},
                         batching)
 

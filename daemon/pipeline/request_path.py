@@ -4,8 +4,8 @@ No threads, no MQTT, no clocks of its own: the caller passes the model, the cach
 None) and the clock. This is the unit-test seam, and what `validate` and the workers
 both run, so the daemon and the accuracy gate cannot disagree.
 
-A worker hands over every queued request of one route at once (`handle_batch`): each is
-decoded on its own (a bad one gets its error reply, the rest go on), then the group is
+A worker hands over every queued request of one route at once (`handle_batch`): the group
+is decoded into one array (a bad request gets its error reply, the rest go on), then it is
 preprocessed and quantized as one array, looked up in the cache by its INT8 input
 tensor, and the misses run in as few invokes as the model's batch buckets allow.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 from daemon.cache.cache_key import make_keys
 from daemon.config.schema import CLASSIFY
-from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
+from daemon.errors import BAD_PAYLOAD, EXPIRED
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import CacheBatch, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 
@@ -31,16 +31,10 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
     stages: dict[str, float] = {}
     started = clock()
     replies: list[Any] = [None] * len(requests)
-    decoded = _decode_all(pipe, requests, replies)
+    decoded, x = _decode_all(pipe, requests, replies)
     now = clock()
     stages["decode"] = now - started
-    live = []
-    for i, d in decoded:
-        replies[i] = _expired(pipe, requests[i], d, now)
-        if replies[i] is None:
-            live.append((i, d))
-    x = _finite_rows(pipe, live, replies)
-    decoded = [(i, d) for i, d in live if replies[i] is None]
+    decoded, x = _live_rows(pipe, requests, decoded, x, replies, now)
     fresh: list[CacheBatch] = []
     if decoded:
         rows = [requests[i] for i, _ in decoded]
@@ -134,30 +128,43 @@ def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, m
     return scores, cached, fresh
 
 
-def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], replies: list) -> np.ndarray:
-    """The stacked inputs with non-finite rows answered `bad_payload` and left out: one pass for the batch."""
-    if not decoded:
-        return np.empty((0,))
-    x = np.stack([d.data for _, d in decoded])
-    if x.dtype.kind in "iu":  # a picture's pixels: integers are always finite
-        return x
+def _decode_all(pipe: RoutePipeline, requests: Sequence[Request],
+                replies: list) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
+    """The group decoded at once (one array: codecs.decode_many); each bad request answered here."""
+    batch = pipe.decode_many([request.payload for request in requests])
+    for i, exc in batch.errors:
+        replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
+    return batch.decoded, batch.x
+
+
+def _live_rows(pipe: RoutePipeline, requests: Sequence[Request], decoded: list[tuple[int, codecs.Decoded]],
+               x: np.ndarray, replies: list, now: float) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
+    """The decoded requests still to serve and their rows of `x`: the expired and the non-finite
+    are answered and left out."""
+    keep = []
+    for row, (i, d) in enumerate(decoded):
+        if requests[i].deadline is not None or d.timeout_ms is not None:
+            replies[i] = _expired(pipe, requests[i], d, now)
+            if replies[i] is not None:
+                continue
+        keep.append(row)
+    if len(keep) < len(decoded):
+        decoded, x = [decoded[row] for row in keep], x[keep]
+    return _finite_rows(pipe, decoded, x, replies)
+
+
+def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]], x: np.ndarray,
+                 replies: list) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
+    """The rows without NaN or infinity, the others answered `bad_payload`: one pass for the batch."""
+    if not decoded or x.dtype.kind in "iu":  # a picture's pixels: integers are always finite
+        return decoded, x
     finite = np.isfinite(x.reshape(len(decoded), -1)).all(axis=1)
     if finite.all():
-        return x
+        return decoded, x
     for ok, (i, d) in zip(finite, decoded):
         if not ok:
             replies[i] = pipe.error(d.request_id, BAD_PAYLOAD, codecs.NOT_FINITE)
-    return x[finite]
-
-
-def _decode_all(pipe: RoutePipeline, requests: Sequence[Request], replies: list) -> list[tuple[int, codecs.Decoded]]:
-    decoded = []
-    for i, request in enumerate(requests):
-        try:
-            decoded.append((i, pipe.decode(request.payload, check_finite=False)))
-        except PayloadError as exc:
-            replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
-    return decoded
+    return [entry for ok, entry in zip(finite, decoded) if ok], x[finite]
 
 
 def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now: float) -> Optional[dict]:

@@ -116,6 +116,10 @@ class RoutePipeline:
     def decode(self, payload: bytes, check_finite: bool = True) -> codecs.Decoded:
         return codecs.decode(payload, self.route.input, check_finite)
 
+    def decode_many(self, payloads: Sequence[bytes]) -> codecs.DecodedBatch:
+        """A group of this route's payloads in one array, not yet checked finite (codecs.decode_many)."""
+        return codecs.decode_many(payloads, self.route.input)
+
     def preprocess(self, batch: np.ndarray) -> np.ndarray:
         """(N, *input.shape) in sensor units -> (N, *model input shape) float32; a uint8 image
         model's pixels stay as they are (no steps, and no copies of a picture)."""

@@ -178,3 +178,47 @@ def test_an_encoded_reply_holds_no_more_memory_than_its_bytes():
     finally:
         tracemalloc.stop()
     assert per_reply < 4 * len(kept[0]) + 200  # orjson's own object holds ~4 KB
+
+
+GROUP_SPEC = InputConfig(format="json", shape=(4, 2), dtype="float32", max_bytes=1000)
+GROUP = [
+    json.dumps({"id": 0, "data": [[1, 2]] * 4}).encode(),
+    b"\xff\xfe",
+    json.dumps({"id": 2, "data": list(range(8)), "timeout_ms": 5}).encode(),
+    b'{"id": 3, "data": [[1, 2], [3]]}',
+    json.dumps({"id": 4, "data": [[[1], [2]]] * 4}).encode(),  # three levels
+    b'{"id": 5, "data": ["a"]}',  # not a number and the wrong size: bad_payload, as alone
+    b'{"id": 6, "data": [1, 2, 3]}',
+    b'{"id": 7, "data": [1, 2, 3, 4, 5, 6, 7, 1e300]}',  # inf in float32: decoded, left to the finite check
+    b"{" * 1001,
+    json.dumps({"id": 9, "data": [[0.5, -1]] * 4}).encode(),
+]
+
+
+def _alone(payload: bytes):
+    try:
+        return codecs.decode(payload, GROUP_SPEC, check_finite=False)
+    except PayloadError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("group", [GROUP, GROUP[:1], [GROUP[1]], [GROUP[0], b'{"id": 1, "data": [1, 2, 3, 4, "x", 6, 7, 8]}']])
+def test_a_group_decodes_as_each_request_would_alone_into_one_array(group):
+    batch = codecs.decode_many(group, GROUP_SPEC)
+    alone = [_alone(p) for p in group]
+    assert [i for i, _ in batch.errors] == [i for i, a in enumerate(alone) if isinstance(a, PayloadError)]
+    for i, exc in batch.errors:
+        assert (exc.code, exc.message, exc.request_id) == (alone[i].code, alone[i].message, alone[i].request_id)
+    assert [i for i, _ in batch.decoded] == [i for i, a in enumerate(alone) if not isinstance(a, PayloadError)]
+    assert batch.x.shape == (len(batch.decoded), 4, 2) and batch.x.dtype == np.float32
+    for row, (i, d) in enumerate(batch.decoded):
+        assert (d.request_id, d.timeout_ms) == (alone[i].request_id, alone[i].timeout_ms)
+        assert np.array_equal(batch.x[row], alone[i].data) and np.array_equal(d.data, alone[i].data)
+
+
+def test_a_group_of_other_formats_is_stacked():
+    x = np.arange(16, dtype="<f4").reshape(2, 4, 2)
+    spec = InputConfig(format="raw", shape=(4, 2))
+    batch = codecs.decode_many([x[0].tobytes(), b"\0", x[1].tobytes()], spec)
+    assert [i for i, _ in batch.decoded] == [0, 2] and np.array_equal(batch.x, x)
+    assert [(i, e.code) for i, e in batch.errors] == [(1, "bad_shape")]
