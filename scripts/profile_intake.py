@@ -84,11 +84,11 @@ def _payloads(route: str, n: int) -> list[bytes]:
     return out
 
 
-def _inbounds(route: str, payloads: list[bytes]) -> list[Inbound]:
+def _inbounds(route: str, payloads: list[bytes], first: int = 0) -> list[Inbound]:
     topic = TOPICS[route]
     now = time.monotonic()
     return [Inbound(topic=topic.format(i % DEVICES), payload=p, qos=1, mid=i + 1, received_at=now)
-            for i, p in enumerate(payloads)]
+            for i, p in enumerate(payloads, first)]
 
 
 def _serving(route_name: str, workers: int, stats: Stats):
@@ -117,41 +117,42 @@ def _gc0() -> int:
     return gc.get_stats()[0]["collections"]
 
 
-def _feed(serving, inbounds: list[Inbound], burst: int) -> None:
-    for start in range(0, len(inbounds), burst):
-        serving.intake.on_burst(inbounds[start:start + burst])
+def _feed(serving, route: str, payloads: list[bytes], burst: int) -> None:
+    """The payloads in bursts, each burst's Inbounds made as the transport makes them: on arrival."""
+    for start in range(0, len(payloads), burst):
+        serving.intake.on_burst(_inbounds(route, payloads[start:start + burst], start))
 
 
-def _round(route: str, inbounds: list[Inbound], args) -> dict:
+def _round(route: str, payloads: list[bytes], args) -> dict:
     serving = _serving(route, args.workers, Stats())
     recorder = Recorder(WARM_UP)
     serving.attach(recorder)
     serving.start()
-    _feed(serving, _inbounds(route, [i.payload for i in inbounds[:WARM_UP]]), args.burst)  # the fit, the arenas
+    _feed(serving, route, payloads[:WARM_UP], args.burst)  # the fit, the arenas
     assert recorder.done.wait(60), "warm-up not answered"
-    recorder.replies, recorder.errors, recorder.n = 0, 0, len(inbounds)
+    recorder.replies, recorder.errors, recorder.n = 0, 0, len(payloads)
     recorder.done.clear()
     _set_gc(args.gc)
     gc0, cpu, wall = _gc0(), time.process_time(), time.perf_counter()
-    _feed(serving, inbounds, args.burst)
-    assert recorder.done.wait(300), f"{recorder.replies} of {len(inbounds)} answered"
+    _feed(serving, route, payloads, args.burst)
+    assert recorder.done.wait(300), f"{recorder.replies} of {len(payloads)} answered"
     cpu, wall, gc0 = time.process_time() - cpu, time.perf_counter() - wall, _gc0() - gc0
     serving.stop(30)
     gc.unfreeze()
-    n = len(inbounds)
+    n = len(payloads)
     return {"cpu_us": cpu / n * 1e6, "per_s": n / wall, "errors": recorder.errors, "gc0_per_1k": gc0 / n * 1000}
 
 
-def _intake_only(route: str, inbounds: list[Inbound], args) -> float:
+def _intake_only(route: str, payloads: list[bytes], args) -> float:
     serving = _serving(route, args.workers, Stats())  # workers never started: jobs stay queued
-    serving.attach(Recorder(len(inbounds)))
+    serving.attach(Recorder(len(payloads)))
     _set_gc(args.gc)
     cpu = time.process_time()
-    _feed(serving, inbounds, args.burst)
+    _feed(serving, route, payloads, args.burst)
     cpu = time.process_time() - cpu
     gc.unfreeze()
-    assert serving.pool.depth == len(inbounds)
-    return cpu / len(inbounds) * 1e6
+    assert serving.pool.depth == len(payloads)
+    return cpu / len(payloads) * 1e6
 
 
 def main() -> int:
@@ -166,9 +167,8 @@ def main() -> int:
     payloads = _payloads(args.route, args.n)
     rows = []
     for _ in range(args.rounds):
-        inbounds = _inbounds(args.route, payloads)
-        intake = _intake_only(args.route, _inbounds(args.route, payloads), args)
-        rows.append({**_round(args.route, inbounds, args), "intake_us": intake})
+        intake = _intake_only(args.route, payloads, args)
+        rows.append({**_round(args.route, payloads, args), "intake_us": intake})
     best = {key: round(min(r[key] for r in rows) if key != "per_s" else max(r[key] for r in rows), 2)
             for key in rows[0]}
     print(json.dumps({"root": str(ROOT), "route": args.route, "workers": args.workers, "gc": args.gc,

@@ -9,7 +9,7 @@ import pytest
 from daemon.config.schema import WorkersConfig
 from daemon.config.loader import load_config
 from daemon.errors import ModelError
-from daemon.lifecycle.service import Service, receive_maximum
+from daemon.lifecycle.service import Service, receive_maximum, settle_gc
 from daemon.lifecycle.signals import ForcedExit
 from daemon.lifecycle.steps import Step
 
@@ -92,3 +92,28 @@ def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
         assert key in snapshot, key
     assert snapshot["models"]["activity"] == {"loaded": True, "sha256": service._models["activity"].sha256[:12],
                                               "cold_starts": 0, "cold_start_ms": None}
+
+
+class _Part:
+    """A serving part with a reference cycle (as bound methods and closures make)."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_settle_gc_freezes_what_start_up_made_and_a_reload_lets_the_replaced_parts_go():
+    import gc
+    import weakref
+
+    try:
+        part = _Part()
+        gone = weakref.ref(part)
+        settle_gc()  # start-up: the part is frozen, out of every collection's walk
+        assert gc.get_freeze_count() > 0
+        del part  # replaced by a reload: unreachable, but frozen
+        gc.collect()
+        assert gone() is not None
+        settle_gc()  # after the reload: unfrozen first, so the old part is collected
+        assert gone() is None
+    finally:
+        gc.unfreeze()
