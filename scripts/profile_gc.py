@@ -9,7 +9,7 @@ burst of `--n` distinct requests pushed by `mosquitto_pub -l`. A wrapper around 
 sets the mode and times every collection (`gc.callbacks`); the figures are over the burst
 only: daemon CPU per answer, GC CPU time per answer (thread CPU time around each collection,
 so other processes on a loaded machine do not inflate it) and collections per 1,000 answers
-by generation. Modes, joined by `+`: `default` (CPython's 700/10/10, the daemon's own freeze
+by generation, and answers per second over the burst (its drain rate). Modes, joined by `+`: `default` (CPython's 700/10/10, the daemon's own freeze
 turned off), `freeze` (`gc.freeze()` once the workers have started, as
 daemon/lifecycle/service.py does), `gen0=N` (gen-0 threshold N from the start).
 """
@@ -126,12 +126,12 @@ def _payload_file(tmp: Path, route: str, n: int, first: int) -> Path:
     return path
 
 
-def _config(tmp: Path, workers: int) -> Path:
+def _config(tmp: Path, workers: int, least: int) -> Path:
     raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
     raw["cache"] = {**raw["cache"], "enabled": False}
     raw["mqtt"] = {**raw["mqtt"], "client_id": "gc", "session_expiry_s": 0}
     raw["mqtt"]["outbox"] = {"max_mb": 0}
-    raw["workers"] = {**raw["workers"], "max": workers}
+    raw["workers"] = {**raw["workers"], "max": workers, "min": min(least, workers)}
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -160,22 +160,25 @@ def _one(mode: str, args, tmp: Path) -> dict:
         out = tmp / f"gc-{mode}.json"
         log = open(tmp / f"daemon-{mode}.log", "wb")
         proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, mode, str(out), "run", "--config",
-                                 str(_config(tmp, args.workers)), "--broker", broker.address],
+                                 str(_config(tmp, args.workers, args.min)), "--broker", broker.address],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:
             assert replies.online.wait(WAIT_S), (tmp / f"daemon-{mode}.log").read_text()[-2000:]
             _publish(broker, request_topic, _payload_file(tmp, args.route, WARM_UP, 0))
             replies.wait(WARM_UP)
+            burst = _payload_file(tmp, args.route, args.n, WARM_UP)
             before = _ask(out)
-            _publish(broker, request_topic, _payload_file(tmp, args.route, args.n, WARM_UP))
+            began = time.perf_counter()
+            _publish(broker, request_topic, burst)
             replies.wait(WARM_UP + args.n)
+            wall = time.perf_counter() - began
             after = _ask(out)
         finally:
             end_process(proc)
             log.close()
             replies.c.loop_stop()
     n = args.n
-    return {"mode": mode, "cpu_us": round((after["cpu_s"] - before["cpu_s"]) / n * 1e6, 1),
+    return {"mode": mode, "workers": f"{min(args.min, args.workers)}-{args.workers}", "answers_per_s": round(n / wall), "cpu_us": round((after["cpu_s"] - before["cpu_s"]) / n * 1e6, 1),
             "gc_us": round((after["s"] - before["s"]) / n * 1e6, 2),
             "collections_per_1k": [round((a - b) / n * 1000, 1) for a, b in zip(after["n"], before["n"])]}
 
@@ -184,7 +187,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--route", default="activity", choices=sorted(TOPICS))
     parser.add_argument("--n", type=int, default=5000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="workers.max (config.yaml: 2)")
+    parser.add_argument("--min", type=int, default=1, help="workers.min (default 1: adaptive up to --workers)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", nargs="+", default=["default", "freeze", "gen0=10000"])
     args = parser.parse_args()
