@@ -244,7 +244,7 @@ class Reader:
             return f"must be {_type_name(types)}, got {_shown(value)}"
         if choices is not None and value not in tuple(choices):
             return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
-        if minimum is not None and value < minimum:
+        if minimum is not None and value is not None and value < minimum:
             return f"must be >= {minimum}, got {value!r}"
         return check(value) if check else None
 

@@ -277,3 +277,13 @@ def test_image_keys_belong_to_image_routes(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert any(e.startswith("routes[0].input.resize: applies to format image only") for e in err.value.errors)
+
+
+def test_a_null_number_with_a_minimum_is_read_as_unset_not_a_traceback(tmp_path):
+    """`output.threshold: null` once crashed check-config comparing None against the key's minimum."""
+    path = tmp_path / "config.yaml"
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    assert "      threshold: 0.0776" in text
+    path.write_text(text.replace("      threshold: 0.0776", "      threshold: null", 1))
+    load = next(r for r in load_config(path).routes if r.name == "load")
+    assert load.threshold is None
