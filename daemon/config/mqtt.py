@@ -6,6 +6,7 @@ the same two-pass rules apply: `read_mqtt` records every problem on the Reader.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 import re
@@ -29,6 +30,9 @@ MAX_SESSION_EXPIRY_S = 0xFFFFFFFF
 # The file systemd's LoadCredential=mqtt-password:... puts under $CREDENTIALS_DIRECTORY.
 CREDENTIAL_NAME = "mqtt-password"
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
+TRANSPORTS = ("paho", "native")
+# The Python package behind `transport: native` (the `native` extra: pip install 'edge-inferd[native]').
+NATIVE_PACKAGE = "mqtt5"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ class MqttConfig:
     """TLS to the broker, hostname verified; null: plain TCP, unless `broker` is `mqtts://`."""
     outbox: OutboxConfig = OutboxConfig()
     """The on-disk outbox (daemon/transport/outbox.py)."""
+    transport: str = "paho"
+    """The MQTT client underneath: `paho` (paho-mqtt), or `native` (on trial: the `mqtt5` Rust codec,
+    daemon/transport/native.py; `pip install 'edge-inferd[native]'`). Same delivery rules; native
+    needs protocol 5 and qos 0 or 1."""
     host: str = field(init=False, default="", metadata={"doc": False})
     port: int = field(init=False, default=0, metadata={"doc": False})
     tls_implied: bool = field(init=False, default=False, metadata={"doc": False})
@@ -226,7 +234,23 @@ def read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
         password_file=password_file,
         tls=tls,
         outbox=_read_outbox(r, m, base),
+        transport=_read_transport(r, m, str(protocol), m.get("qos", d.qos)),
     )
+
+
+def _read_transport(r: Reader, m: Mapping, protocol: str, qos: object) -> str:
+    """`paho` or `native`; native speaks MQTT v5 only, QoS 0 or 1, and needs its package."""
+    transport = r.get(m, "transport", "mqtt", str, MqttConfig.transport, choices=TRANSPORTS)
+    if transport != "native":
+        return transport
+    if PROTOCOLS.get(protocol, 5) != 5:
+        r.error(m, "transport", "mqtt", "native speaks MQTT v5 only: set protocol: 5, or transport: paho for 3.1.1")
+    if qos == 2:
+        r.error(m, "transport", "mqtt", "native does QoS 0 and 1 only: set qos: 1, or transport: paho for QoS 2")
+    if importlib.util.find_spec(NATIVE_PACKAGE) is None:
+        r.error(m, "transport", "mqtt", f"native needs the {NATIVE_PACKAGE} package, which is not installed: "
+                "pip install 'edge-inferd[native]' (wheels for x86-64, aarch64 and armv7), or transport: paho")
+    return transport
 
 
 def _read_broker(r: Reader, m: Mapping, tls: Optional[TlsConfig]) -> str:

@@ -324,8 +324,11 @@ class Service:
         self._serving.stop(self.config.workers.drain_timeout_s)
 
     def _connect(self) -> None:
-        self._link = MqttLink(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst,
-                              receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
+        link_type = MqttLink
+        if self.config.mqtt.transport == "native":  # imported only when chosen: mqtt5 is an optional extra
+            from daemon.transport.native import NativeLink as link_type
+        self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst,
+                               receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
         self._serving.attach(self._link)
         self._link.start()
 

@@ -1,0 +1,452 @@
+"""The native MQTT link (`mqtt.transport: native`, on trial): mqtt.py's MqttLink on a compiled codec.
+
+Same constructor, same public interface and the same delivery rules as the paho link
+(daemon/transport/mqtt.py's module doc lists them; each holds here too): a persistent
+session, a request acked only once its reply's PUBACK is back, the CONNECT's
+ReceiveMaximum, retained messages acked and dropped, the LWT `offline`, the on-disk outbox
+while the broker is away and the spill of unconfirmed replies on stop, TCP_NODELAY,
+subscribe after a good CONNACK and again on every reconnect, Retain Handling 2. It reuses
+link_health.py (causes logged), puback.py and outbox.py as they are.
+
+What differs is underneath. The packets are encoded and decoded by the `mqtt5` package (a
+Rust codec that does no I/O: native_wire.py), and one network thread does all the socket
+I/O (native_conn.py) without paho's per-packet Python: no property objects, no
+MQTTMessageInfo and its Condition, no walk of the in-flight list per PUBACK. What one
+read brings in goes to intake as one burst, and the PUBACKs and replies it causes leave in
+one write. Workers publish from their own threads: a packet goes onto the output list under
+one lock and the loop is woken through a socketpair once per `batch()` (or per call outside
+one); the network thread's own writes wake nothing.
+
+MQTT v5 only, QoS 0 or 1 (config check refuses the rest, naming `mqtt.transport`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+import threading
+import time
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Iterator, Optional, Sequence
+
+import mqtt5
+
+from daemon.config.mqtt import MqttConfig
+from daemon.obs.throttled_log import ThrottledLog
+from daemon.transport import native_wire as wire
+from daemon.transport.inbound import Inbound
+from daemon.transport.link_health import LinkHealth
+from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW, STATUS_OFFLINE, STATUS_ONLINE
+from daemon.transport.native_conn import Connection, Dead
+from daemon.transport.native_window import Out, PublishWindow
+from daemon.transport.outbox import Outbox, OutboxFlusher, Row
+from daemon.transport.puback import AwaitingPuback
+
+logger = logging.getLogger(__name__)
+_FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
+# stop() waits this much longer than a connect may take for the network thread to end.
+JOIN_MARGIN_S = 1.0
+DISCONNECT = mqtt5.DisconnectPacket().write()
+_WAKE_BYTE = b"\0"
+
+
+class NativeLink:
+    """One MQTT v5 connection on the mqtt5 codec: status, intake of the given filters, replies, acks."""
+
+    def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
+        self._config = config
+        self._receive_maximum = receive_maximum
+        self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
+        self._handler = on_burst
+        self._qos = mqtt5.QoS(config.qos)
+        self._accepting = threading.Event()
+        self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
+        self._subscribing = threading.Event()
+        self.connected = threading.Event()
+        self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
+        self.reconnects = 0  # times the daemon came back online after the first time
+        self._tls = wire.tls_context(config)
+        self._will = mqtt5.Will(config.status_topic, payload=STATUS_OFFLINE, qos=mqtt5.QoS.AT_LEAST_ONCE,
+                                retain=True)
+        self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
+        self._log = ThrottledLog(logger)
+        self._safe = AwaitingPuback(self._published)
+        self._lock = threading.Lock()  # the window, the output list, `_live` and `_sub_mid`
+        self._window = PublishWindow(receive_maximum or REPLY_WINDOW)
+        self._out: list[bytes] = []  # packets for the network thread to write, in order
+        self._live = False  # a connection past its CONNACK: packets may go onto `_out`
+        self._sub_mid: Optional[int] = None  # the SUBSCRIBE whose SUBACK announces `online`
+        self._held = threading.local()  # a worker's batch(): wake the loop once, at its end
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._wake_pending = False
+        self._stop = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mqtt-native", daemon=True)
+        self._net_ident: Optional[int] = None
+        self.outbox = outbox
+        self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
+
+    # -- the interface the daemon uses (mqtt.MqttLink's) --
+
+    def start(self) -> None:
+        """Connect in the background; retries with capped backoff while the broker is down."""
+        logger.info("connecting to %s as %r (MQTT v5, native transport)", self._config.url, self._config.client_id)
+        self._thread.start()
+        if self._flusher is not None:
+            self._flusher.start()
+
+    def open_intake(self) -> None:
+        """Subscribe now if connected, and on every (re)connect; then announce `online`."""
+        self._subscribing.set()
+        if self.connected.is_set():
+            self._subscribe()
+
+    def close_intake(self) -> None:
+        """Stop handing on requests; what arrives now stays unacked. A persistent session keeps
+        the subscriptions, so the broker holds (and redelivers) requests for the next run."""
+        self._accepting.clear()
+        self._subscribing.clear()
+        if self.connected.is_set() and self._filters and not self._config.persistent:
+            with self._lock:
+                self._write(mqtt5.UnsubscribePacket(self._window.new_id(), list(self._filters)).write())
+            self._kick()
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False, correlation_data: Optional[bytes] = None,
+                response_topic: Optional[str] = None) -> None:
+        """Queue a publish (non-blocking; the network thread writes it); a ResponseTopic makes it
+        a v5 request (daemon/serve/cascade.py escalations)."""
+        self._publish(Out(topic, payload, retain, correlation_data, response_topic, None))
+
+    def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
+        """Publish a request's reply, and ack the request once the broker has the reply. While
+        the broker is away the reply goes to the outbox, and the request stays unacked."""
+        if self.outbox is not None and not self.connected.is_set():
+            try:
+                self.outbox.put_many([(topic, payload, inbound.correlation_data)])
+                self._flusher.wake()
+                return
+            except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: memory holds it instead
+                self._log.warning("outbox", "outbox %s: %s; the reply waits in memory", self.outbox.path, exc)
+        self._publish(Out(topic, payload, False, inbound.correlation_data, None, inbound))
+
+    def ack(self, inbound: Inbound) -> None:
+        """Acknowledge a request once its reply is published (no-op for QoS 0)."""
+        if inbound.qos > 0:
+            with self._lock:
+                self._write(mqtt5.PubAckPacket(inbound.mid).write())
+            self._kick()
+
+    def batch(self) -> AbstractContextManager:
+        """Replies and acks sent inside this block wake the network thread once, at the end."""
+        return self._batch()
+
+    @property
+    def loop_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def unconfirmed_replies(self) -> int:
+        """Publishes the broker has not confirmed yet (in flight or queued behind the window)."""
+        return self._window.pending
+
+    def outbox_state(self) -> dict:
+        state = {"unconfirmed": self.unconfirmed_replies}
+        if self.outbox is not None:
+            state.update(self.outbox.snapshot())
+        return state
+
+    def stop(self, timeout_s: float = OFFLINE_PUBLISH_TIMEOUT_S) -> None:
+        """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
+        the broker has not confirmed in the outbox, for the next run."""
+        self._stopping = True
+        if self._flusher is not None:
+            self._flusher.stop()
+        if self.connected.is_set():
+            done = threading.Event()
+            self._publish(Out(self._config.status_topic, STATUS_OFFLINE, True, None, None, done))
+            if not done.wait(timeout_s):
+                logger.warning("could not publish offline status: no PUBACK within %.1f s", timeout_s)
+        self._stop.set()
+        self._wake()
+        if self._thread.ident is not None:
+            self._thread.join(wire.CONNECT_TIMEOUT_S + JOIN_MARGIN_S)
+        if self.outbox is not None:
+            try:
+                self._spill()
+            except (OSError, sqlite3.Error) as exc:
+                logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
+                             "redelivered by the broker", self.outbox.path, exc)
+            self.outbox.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- publishing (any thread) --
+
+    def _publish(self, out: Out) -> None:
+        if self._qos == mqtt5.QoS.AT_MOST_ONCE:
+            with self._lock:
+                self._write(self._encode(None, out, False))
+            self._kick()
+            if out.owner is not None:
+                self._published(out.owner)  # QoS 0 is never acknowledged; nothing to wait for
+            return
+        with self._lock:
+            mid = self._window.offer(out)
+            if mid is not None:
+                self._sent(mid, out)
+        self._kick()
+
+    def _sent(self, mid: int, out: Out) -> None:
+        """A publish entered the window (caller holds the lock): its PUBACK completes `out.owner`."""
+        self._safe.register(mid, out.owner)
+        self._write(self._encode(mid, out, False))
+
+    def _encode(self, mid: Optional[int], out: Out, dup: bool) -> bytes:
+        return mqtt5.PublishPacket(out.topic, out.payload, qos=self._qos, retain=out.retain, packet_id=mid,
+                                   duplicate=dup, correlation_data=out.correlation_data,
+                                   response_topic=out.response_topic).write()
+
+    def _write(self, packet: bytes) -> None:
+        """Caller holds the lock. Dropped while no connection is live: the window resends
+        publishes on connect, and an ack lost here is a redelivery (a duplicate reply)."""
+        if self._live:
+            self._out.append(packet)
+
+    def _kick(self) -> None:
+        """Make sure the network thread writes what was just queued."""
+        if threading.get_ident() == self._net_ident:
+            return  # it writes at the end of the burst it is handling
+        if getattr(self._held, "depth", 0):
+            self._held.owed = True
+            return
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._wake_w.send(_WAKE_BYTE)
+            except OSError:
+                pass  # full (the loop is awake already) or closing
+
+    @contextmanager
+    def _batch(self) -> Iterator[None]:
+        held = self._held
+        if getattr(held, "depth", 0):
+            yield
+            return
+        held.depth, held.owed = 1, False
+        try:
+            yield
+        finally:
+            held.depth = 0
+            if held.owed:
+                self._wake()
+
+    def _flush(self, row: Row) -> None:
+        """The outbox flusher's thread: hand one stored reply on; removed on its PUBACK."""
+        self._publish(Out(row.topic, row.payload, False, row.correlation_data, None, row))
+
+    def _published(self, owner: object) -> None:
+        """The broker has the publish `owner` waited for: ack its request, drop its outbox row,
+        or tell stop() its `offline` is out."""
+        if isinstance(owner, Inbound):
+            self.ack(owner)
+        elif isinstance(owner, Row) and self._flusher is not None:
+            self._flusher.confirmed(owner)
+        elif isinstance(owner, threading.Event):
+            owner.set()
+
+    def _spill(self) -> None:
+        """Unconfirmed replies -> the outbox. Status, stats, a stored outbox row and an escalation
+        request to a far tier are not replies to send again next run (as mqtt.MqttLink._spill)."""
+        with self._lock:
+            left = [o for o in self._window.take_all() if isinstance(o.owner, Inbound)]
+        if left:
+            kept = self.outbox.put_many([(o.topic, o.payload, o.correlation_data) for o in left])
+            logger.warning("%d unconfirmed repl%s kept in the outbox %s for the next run%s", kept,
+                           "y" if kept == 1 else "ies", self.outbox.path,
+                           f" ({len(left) - kept} did not fit)" if kept < len(left) else "")
+
+    # -- the network thread --
+
+    def _run(self) -> None:
+        self._net_ident = threading.get_ident()
+        while not self._stop.is_set():
+            try:
+                dialled = self._dial()
+                if dialled is not None:
+                    self._session(*dialled)
+            except Exception:  # a bug must not end the thread: log it, reconnect
+                logger.exception("the MQTT network thread failed; reconnecting")
+                self._dropped()
+            if not self._stop.is_set():
+                self._stop.wait(self._health.next_retry_s())
+
+    def _dial(self) -> Optional[tuple]:
+        """A socket past a good CONNACK, or None (the cause logged by link_health)."""
+        frames = wire.Frames()
+        try:
+            sock = wire.open_socket(self._config, self._tls)
+        except OSError as exc:
+            self._health.connect_failed(exc, self._config.host, self._config.port)
+            return None
+        try:
+            sock.sendall(wire.connect_packet(self._config, self._receive_maximum, self._will))
+            connack, early = wire.read_connack(sock, frames)
+        except (OSError, wire.ProtocolError) as exc:
+            sock.close()
+            self._health.connect_failed(exc, self._config.host, self._config.port)
+            return None
+        if int(connack.reason_code) >= _FAILURE_THRESHOLD:  # mqtt5's enums are not ints
+            sock.close()
+            self._health.refused(int(connack.reason_code), wire.reason_text(connack.reason_code))
+            return None
+        return sock, frames, connack, early
+
+    def _session(self, sock: socket.socket, frames: wire.Frames, connack: mqtt5.ConnAckPacket, early: list) -> None:
+        """Serve one connection until it drops or stop(); a drop is logged with its cause."""
+        conn = Connection(sock, frames, self._wake_r, connack.server_keep_alive or self._config.keepalive_s)
+        self._connected(connack)
+        try:
+            self._handle(early)
+            self._serve(conn)
+            self._send_out(conn)
+            conn.goodbye(DISCONNECT)  # stop(): a clean DISCONNECT, so no LWT
+        except (Dead, wire.ProtocolError, OSError) as exc:
+            code = exc.code if isinstance(exc, Dead) else Dead.UNSPECIFIED
+            if not self._stopping:
+                self._health.dropped(code, exc.reason if isinstance(exc, Dead) else str(exc))
+        finally:
+            self._dropped()
+            conn.close()
+
+    def _serve(self, conn: Connection) -> None:
+        while not self._stop.is_set():
+            self._send_out(conn)
+            readable, woken = conn.wait()
+            if woken:
+                self._wake_pending = False  # before draining and before `_out` is taken (no lost wake-up)
+                conn.drain_wake()
+            if readable:
+                self._handle(conn.read())
+            ping = conn.keepalive()
+            if ping is not None:
+                with self._lock:
+                    self._write(ping)
+
+    def _send_out(self, conn: Connection) -> None:
+        with self._lock:
+            out, self._out = self._out, []
+        conn.send(out[0] if len(out) == 1 else b"".join(out))
+
+    def _connected(self, connack: mqtt5.ConnAckPacket) -> None:
+        """A good CONNACK: resend what was in flight, then subscribe (again)."""
+        logger.info("connected to %s", self._config.url)
+        self._health.connected()
+        with self._lock:
+            self._out = []
+            self._window.limit = max(1, min(self._receive_maximum or REPLY_WINDOW, connack.receive_max))
+            for mid, out in self._window.in_flight():
+                self._out.append(self._encode(mid, out, connack.session_present))
+            self._live = True
+            for mid, out in self._window.fill():
+                self._sent(mid, out)
+        self.connected.set()
+        if self._flusher is not None:
+            self._flusher.wake()
+        if self._subscribing.is_set():
+            self._subscribe()
+
+    def _dropped(self) -> None:
+        with self._lock:
+            self._live = False
+            self._out = []
+        self.connected.clear()
+
+    def _subscribe(self) -> None:
+        if not self._filters:
+            self._announce_online()
+            return
+        filters = [mqtt5.TopicFilter(f, max_qos=self._qos, retain_as_published=True,
+                                     retain_handling=mqtt5.RetainHandling.SEND_NEVER) for f in self._filters]
+        with self._lock:
+            self._sub_mid = self._window.new_id()
+            self._write(mqtt5.SubscribePacket(self._sub_mid, filters).write())
+        self._kick()
+
+    def _announce_online(self) -> None:
+        """`online` once subscribed (after SUBACK): never while requests would go unheard."""
+        if self.online.is_set():
+            self.reconnects += 1
+        self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
+        self.online.set()
+
+    def _handle(self, packets: list) -> None:
+        """One read burst: PUBACKs complete what waited, requests go to intake in one call."""
+        inbounds, acked = [], []
+        for packet in packets:
+            kind = type(packet)
+            if kind is mqtt5.PublishPacket:
+                if not self._accepting.is_set():
+                    continue  # stopping: leave it unacked (see close_intake)
+                if packet.retain:  # a retained message, or a retained clear: not a request
+                    if packet.packet_id is not None:
+                        with self._lock:
+                            self._write(mqtt5.PubAckPacket(packet.packet_id).write())
+                    continue
+                inbounds.append(self._convert(packet))
+            elif kind is mqtt5.PubAckPacket:
+                acked.append(packet.packet_id)
+            else:
+                self._control(packet)
+        if acked:
+            self._completed(acked)
+        if inbounds:
+            try:
+                self._handler(inbounds)
+            except Exception:  # the network thread must survive anything a message does
+                logger.exception("failed to hand on %d message(s)", len(inbounds))
+
+    @staticmethod
+    def _convert(packet: mqtt5.PublishPacket) -> Inbound:
+        return Inbound(topic=packet.topic, payload=packet.payload, qos=1 if packet.packet_id is not None else 0,
+                       mid=packet.packet_id or 0, received_at=time.monotonic(),
+                       response_topic=packet.response_topic, correlation_data=packet.correlation_data,
+                       expiry_s=packet.message_expiry_interval)
+
+    def _completed(self, mids: list[int]) -> None:
+        ours = []
+        with self._lock:
+            for mid in mids:
+                known, admitted = self._window.acked(mid)
+                if known:
+                    ours.append(mid)
+                for next_mid, out in admitted:
+                    self._sent(next_mid, out)
+        for mid in ours:
+            self._safe.completed(mid)
+
+    def _control(self, packet: object) -> None:
+        if isinstance(packet, mqtt5.SubAckPacket):
+            self._on_suback(packet)
+        elif isinstance(packet, mqtt5.DisconnectPacket):
+            raise Dead(f"the broker sent DISCONNECT: {wire.reason_text(packet.reason_code)}",
+                       int(packet.reason_code))
+        elif not isinstance(packet, mqtt5.UnsubAckPacket):
+            self._log.warning("unexpected", "ignored an unexpected %s from the broker", type(packet).__name__)
+
+    def _on_suback(self, packet: mqtt5.SubAckPacket) -> None:
+        if packet.packet_id != self._sub_mid:
+            return  # an earlier SUBSCRIBE of this connection (open_intake raced a reconnect)
+        refused = 0
+        for topic_filter, code in zip(self._filters, packet.reason_codes, strict=False):
+            if int(code) >= _FAILURE_THRESHOLD:
+                refused += 1
+                logger.error("broker refused the subscription to %r: %s", topic_filter, wire.reason_text(code))
+        if refused < len(self._filters) and self._subscribing.is_set():
+            self._announce_online()
