@@ -330,8 +330,11 @@ class NativeLink:
             self._send_out(conn)
             readable, woken = conn.wait()
             if woken:
-                self._wake_pending = False  # before draining and before `_out` is taken (no lost wake-up)
+                # Drain, then clear the flag, then (next pass) take `_out`: a wake-up sent after the
+                # drain leaves its byte in the socketpair, and one skipped (the flag still set) finds
+                # its packet in `_out`. Clearing before the drain could eat a byte and strand the flag.
                 conn.drain_wake()
+                self._wake_pending = False
             if readable:
                 self._handle(conn.read())
             ping = conn.keepalive()

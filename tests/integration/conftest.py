@@ -7,6 +7,7 @@ time limits (a limit only decides how long a failing test takes, never whether i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -32,6 +33,19 @@ from daemon.transport.mqtt import disable_nagle
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0
+# mqtt.transport values a delivery test runs over: the native one only where its wheel is installed.
+TRANSPORTS = [
+    pytest.param("paho"),
+    pytest.param("native", marks=pytest.mark.skipif(
+        importlib.util.find_spec("mqtt5") is None,
+        reason="mqtt.transport: native needs the mqtt5 wheel (pip install -e '.[native]')")),
+]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request) -> str:
+    """The `mqtt.transport` a delivery test runs over (pass it to write_config)."""
+    return request.param
 
 
 @pytest.fixture
@@ -144,13 +158,16 @@ def wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
         return replies()
 
 
-def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", **overrides) -> Path:
+def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", transport: Optional[str] = None,
+                 **overrides) -> Path:
     """A copy of a config with absolute model paths, a private cache, client id `edge-inferd`
-    (unless the base config names one) and overrides per section."""
+    (unless the base config names one), `mqtt.transport` when given, and overrides per section."""
     raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(tmp_path / "cache")}
     # The tests wait on edge-inferd/edge-inferd/status: pin the id (the default is edge-inferd-<hostname>).
     raw["mqtt"] = {"client_id": "edge-inferd", **(raw.get("mqtt") or {})}
+    if transport is not None:
+        raw["mqtt"]["transport"] = transport
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
     path = tmp_path / "config.yaml"

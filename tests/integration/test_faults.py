@@ -25,9 +25,10 @@ def _appliance_payloads(n: int) -> list[bytes]:
 
 
 def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(tmp_path, broker, client,
-                                                                                start_daemon):
+                                                                                start_daemon, transport):
     # One worker, batch 1, the heavier model: most of the burst is still queued at SIGTERM.
-    config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1})
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False}, workers={"max": 1},
+                          batching={"max_batch": 1})
     daemon = start_daemon(config, wait_online=client)
     client.subscribe("results/t1/appliance")
     burst(client, "plugs/t1/power", _appliance_payloads(1000))
@@ -41,8 +42,9 @@ def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(t
     assert len({r["id"] for r in replies}) == received
 
 
-def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path, broker, client, start_daemon):
-    config = write_config(tmp_path, cache={"enabled": False})
+def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path, broker, client, start_daemon,
+                                                                         transport):
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False})
     first = start_daemon(config, wait_online=client)
     client.subscribe("results/k1/activity")
     n = 600
@@ -57,10 +59,10 @@ def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path,
     assert all("label" in r for r in replies)
 
 
-def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon):
+def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon, transport):
     payload = activity_payloads(1)[0]
     client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
-    start_daemon(write_config(tmp_path, workers={"max": 1}), wait_online=client)
+    start_daemon(write_config(tmp_path, transport=transport, workers={"max": 1}), wait_online=client)
     client.subscribe("results/r1/activity")
     client.c.publish("sensors/r1/imu", b"", qos=1, retain=True).wait_for_publish(60)  # clears the retained one
     client.publish("sensors/r1/imu", payload.replace(b'"id": 0', b'"id": "live"'))
@@ -68,11 +70,11 @@ def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker
     assert reply["id"] == "live" and "label" in reply
 
 
-def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
+def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path, transport):
     from daemon.tools.broker import Broker
 
     broker = Broker(tmp_path / "late-broker")
-    config = write_config(tmp_path, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
+    config = write_config(tmp_path, transport=transport, mqtt={"reconnect_min_s": 1, "reconnect_max_s": 1})
     daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
     try:
         # wait until it has tried, and failed, to connect
@@ -95,14 +97,14 @@ def test_a_daemon_started_before_the_broker_serves_once_it_appears(tmp_path):
         broker.close()
 
 
-def test_under_systemd_ready_comes_once_serving_and_the_watchdog_is_fed(tmp_path, broker, client):
+def test_under_systemd_ready_comes_once_serving_and_the_watchdog_is_fed(tmp_path, broker, client, transport):
     import socket as sockets
 
     path = tmp_path / "notify.sock"
     sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM)
     sock.bind(str(path))
     sock.settimeout(WAIT_S)
-    daemon = Daemon(write_config(tmp_path), broker.address, tmp_path / "daemon.log",
+    daemon = Daemon(write_config(tmp_path, transport=transport), broker.address, tmp_path / "daemon.log",
                     env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
     try:
         messages = [sock.recv(4096).decode()]
@@ -117,8 +119,8 @@ def test_under_systemd_ready_comes_once_serving_and_the_watchdog_is_fed(tmp_path
         sock.close()
 
 
-def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
-    daemon = Daemon(write_config(tmp_path), broker.address, tmp_path / "daemon.log")
+def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client, transport):
+    daemon = Daemon(write_config(tmp_path, transport=transport), broker.address, tmp_path / "daemon.log")
     try:
         assert daemon.wait_for_log("start-up: models"), daemon.log()  # the slow part: models load and warm up
         daemon.proc.send_signal(signal.SIGHUP)
@@ -134,21 +136,23 @@ def test_a_sighup_during_start_up_is_queued_not_fatal(tmp_path, broker, client):
     assert "SIGHUP: reloading" in daemon.log()
 
 
-def _persistent_clients(tmp_path, broker, start_daemon, reply_topic: str, suffix: str) -> tuple[Client, Client]:
+def _persistent_clients(tmp_path, broker, start_daemon, reply_topic: str, suffix: str,
+                        transport: str) -> tuple[Client, Client]:
     """The daemon (cache off) with a persistent collector on `reply_topic` and a persistent publisher,
     both reconnecting every second: their sessions ride out a broker restart."""
     collector = Client(broker, client_id=f"collector{suffix}", persistent=True)
     collector.c.reconnect_delay_set(1, 1)
-    start_daemon(write_config(tmp_path, cache={"enabled": False}), wait_online=collector)
+    start_daemon(write_config(tmp_path, transport=transport, cache={"enabled": False}), wait_online=collector)
     collector.subscribe(reply_topic)
     publisher = Client(broker, client_id=f"publisher{suffix}", persistent=True)
     publisher.c.reconnect_delay_set(1, 1)
     return collector, publisher
 
 
-def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_daemon):
+def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_daemon, transport):
     """A persistent publisher and collector (their own sessions) and the daemon ride out a broker restart."""
-    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/b1/activity", "")
+    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/b1/activity", "",
+                                               transport)
     n = 400
     payloads = activity_payloads(n)
     burst(publisher, "sensors/b1/imu", payloads[:200])
@@ -166,10 +170,11 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
     collector.close()
 
 
-def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, broker, start_daemon):
+def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, broker, start_daemon, transport):
     """SIGKILL, 3 s down, restarted on the same port and persistence. Paced at 200/s the broker
     holds no backlog at the kill; a burst still queued in it loses its unsaved part (reliability.md)."""
-    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/k3/activity", "3")
+    collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/k3/activity", "3",
+                                               transport)
     n, rate = 1800, 200.0  # 3 s before the kill, 3 s down, 3 s after
     killer = threading.Timer(3.0, lambda: (broker.kill(), time.sleep(3.0), broker.start()))
     killer.start()
@@ -184,8 +189,8 @@ def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, br
     collector.close()
 
 
-def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, broker, start_daemon):
-    config = write_config(tmp_path, mqtt={"session_expiry_s": 0}, stats_interval_s=0.2)
+def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, broker, start_daemon, transport):
+    config = write_config(tmp_path, transport=transport, mqtt={"session_expiry_s": 0}, stats_interval_s=0.2)
     collector = Client(broker, client_id="collector2", persistent=True)
     start_daemon(config, wait_online=collector)
     collector.subscribe("results/c2/activity")
@@ -201,14 +206,15 @@ def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, br
     collector.close()
 
 
-def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_outbox(tmp_path, broker, start_daemon):
+def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_outbox(tmp_path, broker, start_daemon,
+                                                                                      transport):
     """The broker stops while the daemon drains a queue, and the daemon is stopped before it
     returns: the replies wait in the on-disk outbox and reach the collector from the next run.
     The daemon's session is clean (`session_expiry_s: 0`), so the broker does not redeliver
     its requests: every reply the next run delivers comes from the outbox. The collector's
     session is persistent, so replies the broker took before it stopped are not lost either."""
-    config = write_config(tmp_path, cache={"enabled": False}, workers={"max": 1}, batching={"max_batch": 1},
-                          mqtt={"session_expiry_s": 0})
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False}, workers={"max": 1},
+                          batching={"max_batch": 1}, mqtt={"session_expiry_s": 0})
     collector = Client(broker, client_id="collector-o", persistent=True)
     collector.c.reconnect_delay_set(1, 1)
     first = start_daemon(config, wait_online=collector)

@@ -12,12 +12,13 @@ import signal
 from tests.integration.conftest import Client, activity_payloads, burst, wait_unique_ids, write_config
 
 
-def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_doubled(tmp_path, broker, start_daemon):
+def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_doubled(tmp_path, broker, start_daemon,
+                                                                                   transport):
     collector = Client(broker)
     daemons = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        config = write_config(tmp_path / name, cache={"enabled": False},
+        config = write_config(tmp_path / name, transport=transport, cache={"enabled": False},
                               mqtt={"share_group": "inference", "client_id": f"edge-inferd-{name}"})
         daemons.append(start_daemon(config, wait_online=collector, client_id=f"edge-inferd-{name}"))
     collector.subscribe("results/s1/activity")

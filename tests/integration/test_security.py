@@ -40,11 +40,11 @@ def _tls_broker(tmp_path, pki) -> Broker:
                                                     "keyfile": str(pki / "server.key")})
 
 
-def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(tmp_path, pki):
+def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(tmp_path, pki, transport):
     (tmp_path / "wrong").mkdir()
     (tmp_path / "right").mkdir()
     with _tls_broker(tmp_path, pki) as broker:
-        wrong = write_config(tmp_path / "wrong", mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
+        wrong = write_config(tmp_path / "wrong", transport=transport, mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
         daemon = Daemon(wrong, broker.address, tmp_path / "wrong.log")
         try:
             assert daemon.wait_for_log("cannot connect to"), daemon.log()
@@ -52,7 +52,7 @@ def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(t
         finally:
             daemon.stop()
         assert "connected to" not in daemon.log()
-        right = write_config(tmp_path / "right", mqtt={"tls": {"ca_file": str(pki / "ca.crt")}})
+        right = write_config(tmp_path / "right", transport=transport, mqtt={"tls": {"ca_file": str(pki / "ca.crt")}})
         daemon = Daemon(right, broker.address, tmp_path / "right.log")
         try:
             assert daemon.wait_for_log("connected to"), daemon.log()
@@ -61,14 +61,15 @@ def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(t
             assert daemon.stop() == 0, daemon.log()
 
 
-def test_a_password_from_a_file_logs_in_and_is_never_logged(tmp_path):
+def test_a_password_from_a_file_logs_in_and_is_never_logged(tmp_path, transport):
     passwords = tmp_path / "passwd"
     subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwords), "gw", SECRET], check=True, capture_output=True)
     secret_file = tmp_path / "mqtt-password"
     secret_file.write_text(SECRET + "\n")
     settings = {"allow_anonymous": "false", "password_file": str(passwords)}
     with Broker(tmp_path / "auth-broker", settings=settings) as broker:
-        config = write_config(tmp_path, mqtt={"username": "gw", "password_file": str(secret_file)})
+        config = write_config(tmp_path, transport=transport,
+                              mqtt={"username": "gw", "password_file": str(secret_file)})
         daemon = Daemon(config, broker.address, tmp_path / "daemon.log")
         try:
             assert daemon.wait_for_log("connected to"), daemon.log()  # the broker refuses anonymous clients
