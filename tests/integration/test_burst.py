@@ -34,8 +34,8 @@ def _burst_file(tmp_path, n: int):
 
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="mosquitto_pub missing: apt-get install "
                     "mosquitto-clients (./scripts/setup.sh does this)")
-def test_a_5000_request_burst_is_served_in_full(tmp_path, broker, client, start_daemon):
-    config = write_config(tmp_path, cache={"enabled": False})  # every request runs the model
+def test_a_5000_request_burst_is_served_in_full(tmp_path, broker, client, start_daemon, transport):
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False})  # every request runs the model
     start_daemon(config, wait_online=client)
     client.subscribe("results/burst/activity")
     path, labels = _burst_file(tmp_path, BURST)

@@ -79,8 +79,8 @@ def _activity_payload(i: int = 0, **extra) -> bytes:
     return json.dumps({"id": i, "data": x[i].tolist(), **extra}).encode()
 
 
-def test_response_topic_gets_the_reply_with_correlation_data(tmp_path, client, start_daemon):
-    start_daemon(write_config(tmp_path), wait_online=client)
+def test_response_topic_gets_the_reply_with_correlation_data(tmp_path, client, start_daemon, transport):
+    start_daemon(write_config(tmp_path, transport=transport), wait_online=client)
     client.subscribe("clients/me/replies")
     client.subscribe("results/w9/activity")
 
@@ -175,9 +175,10 @@ def test_each_bad_request_gets_its_error_code_and_the_daemon_keeps_serving(tmp_p
     assert all(r["error"]["message"] for r in replies if "error" in r)
 
 
-def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp_path, client, start_daemon):
+def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp_path, client, start_daemon,
+                                                                            transport):
     # queue_mb 0.01 (~10 KiB) cannot hold one appliance JSON request (~28 KiB): each is shed.
-    config = write_config(tmp_path, workers={"max": 1, "queue_mb": 0.01}, cache={"enabled": False})
+    config = write_config(tmp_path, transport=transport, workers={"max": 1, "queue_mb": 0.01}, cache={"enabled": False})
     start_daemon(config, wait_online=client)
     client.subscribe("results/o1/appliance")
     client.subscribe("results/o1/activity")
@@ -196,8 +197,8 @@ def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp
 
 
 def test_an_idle_daemon_stopped_by_sigterm_exits_0_and_leaves_a_retained_offline(tmp_path, broker, client,
-                                                                                 start_daemon):
-    daemon = start_daemon(write_config(tmp_path), wait_online=client)
+                                                                                 start_daemon, transport):
+    daemon = start_daemon(write_config(tmp_path, transport=transport), wait_online=client)
     assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
 
     late = Client(broker)  # a new subscriber sees the retained status
@@ -292,10 +293,10 @@ def test_status_command_prints_the_node_as_a_table(tmp_path, broker, client, sta
     assert missing.returncode == 1 and "no edge-inferd node nobody" in missing.stderr
 
 
-def test_two_daemons_with_one_client_id_are_told_so(tmp_path, broker, start_daemon):
+def test_two_daemons_with_one_client_id_are_told_so(tmp_path, broker, start_daemon, transport):
     """mosquitto drops the older of two clients with one id (no reason given): each daemon's
     connections keep dropping right after connecting, and the log says why."""
-    config = write_config(tmp_path, cache={"enabled": False})
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False})
     first, second = start_daemon(config), start_daemon(config)
     clash = "another client is probably using client_id 'edge-inferd'"
     for _ in range(int(WAIT_S / 0.1)):

@@ -44,7 +44,8 @@ def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(t
     (tmp_path / "wrong").mkdir()
     (tmp_path / "right").mkdir()
     with _tls_broker(tmp_path, pki) as broker:
-        wrong = write_config(tmp_path / "wrong", transport=transport, mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
+        wrong = write_config(tmp_path / "wrong", transport=transport,
+                             mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
         daemon = Daemon(wrong, broker.address, tmp_path / "wrong.log")
         try:
             assert daemon.wait_for_log("cannot connect to"), daemon.log()
