@@ -1,0 +1,268 @@
+"""The native link (daemon/transport/native.py) against a real mosquitto, next to the paho link.
+
+Between the link and the broker sits a TCP relay that records every MQTT packet in both
+directions, in the order it forwarded them, and can freeze a connection (drop its bytes both
+ways without closing it: a half-open link). The orderings the delivery rules promise are read
+off that record. Tests of rules both links hold run over both; rules only native keeps (the
+broker's ReceiveMaximum) say so. The relay parses with the mqtt5 codec, so this module needs
+the mqtt5 wheel (the test extra installs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from typing import Callable
+
+import pytest
+
+mqtt5 = pytest.importorskip("mqtt5", reason="the native transport needs the mqtt5 wheel (pip install -e '.[native]')")
+
+from daemon.config.loader import load_config  # noqa: E402 - after the skip
+from daemon.config.mqtt import MqttConfig  # noqa: E402
+from daemon.tools.broker import Broker  # noqa: E402
+from daemon.transport.inbound import Inbound  # noqa: E402
+from daemon.transport.mqtt import MqttLink  # noqa: E402
+from daemon.transport.native import NativeLink  # noqa: E402
+from daemon.transport.native_window import Out  # noqa: E402
+from daemon.transport.native_wire import Frames  # noqa: E402
+from daemon.transport.outbox import Outbox, Row  # noqa: E402
+from tests.integration.conftest import ROOT, WAIT_S, Client  # noqa: E402
+
+LINKS = [pytest.param(MqttLink, id="paho"), pytest.param(NativeLink, id="native")]
+UP, DOWN = "up", "down"  # link -> broker, broker -> link
+
+
+class Relay:
+    """A TCP relay to the broker that records (connection number, direction, packet) in order."""
+
+    def __init__(self, broker_port: int):
+        self._broker_port = broker_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.cond = threading.Condition()
+        self.events: list[tuple[int, str, object]] = []
+        self.connections = 0
+        self._frozen_upto = 0  # connections numbered up to this one are frozen
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        """Every connection so far goes silent both ways and stays open (a half-open link)."""
+        with self.cond:
+            self._frozen_upto = self.connections
+
+    def wait_for(self, predicate: Callable[[list], bool]) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: predicate(self.events), WAIT_S)
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                link_side, _ = self._listener.accept()
+            except OSError:
+                return
+            broker_side = socket.create_connection(("127.0.0.1", self._broker_port))
+            with self.cond:
+                self.connections += 1
+                number = self.connections
+                self.cond.notify_all()
+            for src, dst, direction in ((link_side, broker_side, UP), (broker_side, link_side, DOWN)):
+                threading.Thread(target=self._pump, args=(src, dst, direction, number), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, direction: str, number: int) -> None:
+        frames = Frames()
+        while True:
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            if number <= self._frozen_upto:
+                if not data:
+                    return  # frozen: the other side hears nothing, not even the close
+                continue
+            if not data:
+                break
+            with self.cond:
+                self.events.extend((number, direction, p) for p in frames.feed(data))
+                self.cond.notify_all()
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _of(events: list, direction: str, kind: type) -> list:
+    return [p for _, d, p in events if d == direction and isinstance(p, kind)]
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "broker") as b:
+        yield b
+
+
+@pytest.fixture
+def relay(broker):
+    r = Relay(broker.port)
+    yield r
+    r.close()
+
+
+def _link(link_type, relay: Relay, on_burst=lambda burst: None, **mqtt) -> object:
+    config = MqttConfig(broker=relay.address, client_id=mqtt.pop("client_id", "link-under-test"),
+                        session_expiry_s=mqtt.pop("session_expiry_s", 0), **mqtt)
+    return link_type(config, ["in/+"], on_burst, receive_maximum=64)
+
+
+def _serve(link) -> None:
+    link.start()
+    link.open_intake()
+    assert link.online.wait(WAIT_S), "the link never came online"
+
+
+@pytest.mark.parametrize("link_type", LINKS)
+def test_keepalive_pings_keep_an_idle_link_up(relay, link_type):
+    link = _link(link_type, relay, keepalive_s=1)
+    _serve(link)
+    try:
+        # mosquitto drops a client silent for 1.5 keepalives: two PINGREQs answered, one connection.
+        assert relay.wait_for(lambda ev: len(_of(ev, DOWN, mqtt5.PingRespPacket)) >= 2)
+        assert relay.connections == 1 and link.connected.is_set() and link.reconnects == 0
+    finally:
+        link.stop()
+
+
+@pytest.mark.parametrize("link_type", LINKS)
+def test_a_half_open_link_is_dropped_after_an_unanswered_ping_and_the_link_comes_back(relay, link_type, caplog):
+    link = _link(link_type, relay, keepalive_s=1, reconnect_min_s=1, reconnect_max_s=1)
+    _serve(link)
+    try:
+        relay.freeze()
+        with caplog.at_level(logging.WARNING, logger="daemon.transport.link_health"):
+            with relay.cond:  # a new connection: the link gave up on the silent one by itself
+                assert relay.cond.wait_for(lambda: relay.connections >= 2, WAIT_S)
+            deadline = time.monotonic() + WAIT_S
+            while link.reconnects < 1 and time.monotonic() < deadline:
+                link.online.wait(0.05)  # polled: `reconnects` has no event; the limit bounds a failure
+        assert link.reconnects == 1  # subscribed and announced online again
+        assert any("disconnected from" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        link.stop()
+
+
+@pytest.mark.parametrize("link_type", LINKS)
+def test_a_request_is_acked_only_after_its_replys_puback(broker, relay, link_type):
+    holder = {}
+    link = _link(link_type, relay, on_burst=lambda burst: [holder["link"].reply("out/r", b"re:" + m.payload, m)
+                                                          for m in burst])
+    holder["link"] = link
+    _serve(link)
+    client = Client(broker)
+    try:
+        client.subscribe("out/r")
+        client.publish("in/a", b"one")
+        assert client.wait_count("out/r", 1)[0].payload == b"re:one"
+
+        def acked(ev: list) -> bool:
+            request = [p for p in _of(ev, DOWN, mqtt5.PublishPacket) if p.topic == "in/a"]
+            return bool(request) and any(p.packet_id == request[0].packet_id for p in _of(ev, UP, mqtt5.PubAckPacket))
+        assert relay.wait_for(acked)
+        events = [(d, p) for _, d, p in relay.events]
+        request = next(i for i, (d, p) in enumerate(events) if d == DOWN and getattr(p, "topic", "") == "in/a")
+        reply = next(i for i, (d, p) in enumerate(events) if d == UP and getattr(p, "topic", "") == "out/r")
+        reply_id = events[reply][1].packet_id
+        reply_acked = next(i for i, (d, p) in enumerate(events) if d == DOWN and isinstance(p, mqtt5.PubAckPacket)
+                           and p.packet_id == reply_id and i > reply)
+        request_acked = next(i for i, (d, p) in enumerate(events) if d == UP and isinstance(p, mqtt5.PubAckPacket)
+                             and p.packet_id == events[request][1].packet_id)
+        assert request < reply < reply_acked < request_acked
+    finally:
+        client.close()
+        link.stop()
+
+
+def test_native_keeps_within_the_brokers_receive_maximum_and_queues_the_rest(broker, relay):
+    """MQTT v5 forbids more QoS 1 publishes in flight than the CONNACK's ReceiveMaximum (mosquitto
+    says 20). paho ignores it (its window is mqtt.py's REPLY_WINDOW), so this is native's alone."""
+    link = _link(NativeLink, relay)
+    _serve(link)
+    client = Client(broker)
+    n = 500
+    try:
+        client.subscribe("out/w")
+        for k in range(n):
+            link.publish("out/w", b"%d" % k)
+        replies = client.wait_count("out/w", n)
+        assert [m.payload for m in replies] == [b"%d" % k for k in range(n)]  # all, in order
+        [connack] = _of(relay.events, DOWN, mqtt5.ConnAckPacket)
+        in_flight, most = set(), 0
+        for _, direction, packet in list(relay.events):
+            if direction == UP and isinstance(packet, mqtt5.PublishPacket) and packet.packet_id is not None:
+                in_flight.add(packet.packet_id)
+                most = max(most, len(in_flight))
+            elif direction == DOWN and isinstance(packet, mqtt5.PubAckPacket):
+                in_flight.discard(packet.packet_id)
+        assert most <= connack.receive_max < n
+        assert relay.wait_for(lambda ev: link.unconfirmed_replies == 0)
+    finally:
+        client.close()
+        link.stop()
+
+
+def test_a_v5_request_reaches_intake_with_its_expiry_response_topic_and_correlation(broker, relay):
+    got, arrived = [], threading.Event()
+    link = _link(NativeLink, relay, on_burst=lambda burst: (got.extend(burst), arrived.set()))
+    _serve(link)
+    publisher = mqtt5.PublishPacket("in/d1", b"{}", qos=mqtt5.QoS.AT_LEAST_ONCE, packet_id=1,
+                                    message_expiry_interval=30, response_topic="me/replies",
+                                    correlation_data=b"c-1").write()
+    with socket.create_connection(("127.0.0.1", broker.port)) as sock:
+        sock.sendall(mqtt5.ConnectPacket("pub-d1").write() + publisher)
+        assert arrived.wait(WAIT_S)
+    link.stop()
+    [inbound] = got
+    assert (inbound.topic, inbound.qos, inbound.payload) == ("in/d1", 1, b"{}") and inbound.mid > 0
+    assert 0 < inbound.expiry_s <= 30  # what is left of it when delivered: the deadline admission uses
+    assert (inbound.response_topic, inbound.correlation_data) == ("me/replies", b"c-1")
+
+
+def test_at_stop_only_unconfirmed_replies_are_kept_in_the_outbox(tmp_path):
+    """As the paho test of the same name (tests/transport/test_mqtt.py): status, stats, an outbox row
+    being flushed and an escalation request are not replies the next run must send."""
+    config = dataclasses.replace(load_config(ROOT / "config.yaml", check_models=False).mqtt, qos=1)
+    link = NativeLink(config, ["sensors/+/imu"], lambda burst: None, outbox=Outbox(tmp_path / "outbox", 1 << 20))
+    link._flusher.start()  # as NativeLink.start does; it waits for a connection that never comes
+    request = Inbound("sensors/d1/imu", b"{}", 1, 5, time.monotonic(), correlation_data=b"c-1")
+    link._publish(Out("results/d1/activity", b"reply", False, request.correlation_data, None, request))
+    link.publish("edge-inferd/n/stats", b"{}", retain=True)
+    link.publish("gpu/d1/imu", b"{}", correlation_data=b"esc-1", response_topic="edge-inferd/n/escalations")
+    link._flush(Row(1, "results/d9/activity", b"stored", None))
+    link.stop(0.1)
+    kept = Outbox(tmp_path / "outbox", 1 << 20).oldest(10)
+    assert [(r.topic, r.payload, r.correlation_data) for r in kept] == [("results/d1/activity", b"reply", b"c-1")]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"protocol": "3.1.1"}, "mqtt.transport: native speaks MQTT v5 only"),
+    ({"qos": 2}, "mqtt.transport: native does QoS 0 and 1 only"),
+])
+def test_config_check_refuses_what_native_cannot_do_naming_mqtt_transport(tmp_path, change, message):
+    from daemon.config.loader import load_config as load
+    from daemon.errors import ConfigError
+    from tests.integration.conftest import write_config
+
+    path = write_config(tmp_path, transport="native", mqtt=change)
+    with pytest.raises(ConfigError) as raised:
+        load(path, check_models=False)
+    assert message in str(raised.value)
