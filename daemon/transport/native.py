@@ -15,7 +15,7 @@ MQTTMessageInfo and its Condition, no walk of the in-flight list per PUBACK. Wha
 read brings in goes to intake as one burst, and the PUBACKs and replies it causes leave in
 one write. Workers publish from their own threads: a packet goes onto the output list under
 one lock and the loop is woken through a socketpair once per `batch()` (or per call outside
-one); the network thread's own writes wake nothing.
+one; native_wake.py); the network thread's own writes wake nothing.
 
 MQTT v5 only, QoS 0 or 1 (config check refuses the rest, naming `mqtt.transport`).
 """
@@ -27,8 +27,8 @@ import socket
 import sqlite3
 import threading
 import time
-from contextlib import AbstractContextManager, contextmanager
-from typing import Callable, Iterator, Optional, Sequence
+from contextlib import AbstractContextManager
+from typing import Callable, Optional, Sequence
 
 import mqtt5
 
@@ -39,6 +39,7 @@ from daemon.transport.inbound import Inbound
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW, STATUS_OFFLINE, STATUS_ONLINE
 from daemon.transport.native_conn import Connection, Dead
+from daemon.transport.native_wake import Wakeup
 from daemon.transport.native_window import Out, PublishWindow
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
@@ -48,7 +49,6 @@ _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # stop() waits this much longer than a connect may take for the network thread to end.
 JOIN_MARGIN_S = 1.0
 DISCONNECT = mqtt5.DisconnectPacket().write()
-_WAKE_BYTE = b"\0"
 
 
 class NativeLink:
@@ -78,15 +78,10 @@ class NativeLink:
         self._out: list[bytes] = []  # packets for the network thread to write, in order
         self._live = False  # a connection past its CONNACK: packets may go onto `_out`
         self._sub_mid: Optional[int] = None  # the SUBSCRIBE whose SUBACK announces `online`
-        self._held = threading.local()  # a worker's batch(): wake the loop once, at its end
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._wake_pending = False
+        self._wakeup = Wakeup()
         self._stop = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mqtt-native", daemon=True)
-        self._net_ident: Optional[int] = None
         self.outbox = outbox
         self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
 
@@ -113,7 +108,7 @@ class NativeLink:
         if self.connected.is_set() and self._filters and not self._config.persistent:
             with self._lock:
                 self._write(mqtt5.UnsubscribePacket(self._window.new_id(), list(self._filters)).write())
-            self._kick()
+            self._wakeup.kick()
 
     def publish(self, topic: str, payload: bytes, retain: bool = False, correlation_data: Optional[bytes] = None,
                 response_topic: Optional[str] = None) -> None:
@@ -138,11 +133,11 @@ class NativeLink:
         if inbound.qos > 0:
             with self._lock:
                 self._write(mqtt5.PubAckPacket(inbound.mid).write())
-            self._kick()
+            self._wakeup.kick()
 
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake the network thread once, at the end."""
-        return self._batch()
+        return self._wakeup.batch()
 
     @property
     def loop_alive(self) -> bool:
@@ -171,7 +166,7 @@ class NativeLink:
             if not done.wait(timeout_s):
                 logger.warning("could not publish offline status: no PUBACK within %.1f s", timeout_s)
         self._stop.set()
-        self._wake()
+        self._wakeup.wake()
         if self._thread.ident is not None:
             self._thread.join(wire.CONNECT_TIMEOUT_S + JOIN_MARGIN_S)
         if self.outbox is not None:
@@ -181,8 +176,7 @@ class NativeLink:
                 logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
                              "redelivered by the broker", self.outbox.path, exc)
             self.outbox.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._wakeup.close()
 
     # -- publishing (any thread) --
 
@@ -190,7 +184,7 @@ class NativeLink:
         if self._qos == mqtt5.QoS.AT_MOST_ONCE:
             with self._lock:
                 self._write(self._encode(None, out, False))
-            self._kick()
+            self._wakeup.kick()
             if out.owner is not None:
                 self._published(out.owner)  # QoS 0 is never acknowledged; nothing to wait for
             return
@@ -198,7 +192,7 @@ class NativeLink:
             mid = self._window.offer(out)
             if mid is not None:
                 self._sent(mid, out)
-        self._kick()
+        self._wakeup.kick()
 
     def _sent(self, mid: int, out: Out) -> None:
         """A publish entered the window (caller holds the lock): its PUBACK completes `out.owner`."""
@@ -215,37 +209,6 @@ class NativeLink:
         publishes on connect, and an ack lost here is a redelivery (a duplicate reply)."""
         if self._live:
             self._out.append(packet)
-
-    def _kick(self) -> None:
-        """Make sure the network thread writes what was just queued."""
-        if threading.get_ident() == self._net_ident:
-            return  # it writes at the end of the burst it is handling
-        if getattr(self._held, "depth", 0):
-            self._held.owed = True
-            return
-        self._wake()
-
-    def _wake(self) -> None:
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                self._wake_w.send(_WAKE_BYTE)
-            except OSError:
-                pass  # full (the loop is awake already) or closing
-
-    @contextmanager
-    def _batch(self) -> Iterator[None]:
-        held = self._held
-        if getattr(held, "depth", 0):
-            yield
-            return
-        held.depth, held.owed = 1, False
-        try:
-            yield
-        finally:
-            held.depth = 0
-            if held.owed:
-                self._wake()
 
     def _flush(self, row: Row) -> None:
         """The outbox flusher's thread: hand one stored reply on; removed on its PUBACK."""
@@ -275,7 +238,7 @@ class NativeLink:
     # -- the network thread --
 
     def _run(self) -> None:
-        self._net_ident = threading.get_ident()
+        self._wakeup.loop_ident = threading.get_ident()
         while not self._stop.is_set():
             try:
                 dialled = self._dial()
@@ -310,7 +273,7 @@ class NativeLink:
 
     def _session(self, sock: socket.socket, frames: wire.Frames, connack: mqtt5.ConnAckPacket, early: list) -> None:
         """Serve one connection until it drops or stop(); a drop is logged with its cause."""
-        conn = Connection(sock, frames, self._wake_r, connack.server_keep_alive or self._config.keepalive_s)
+        conn = Connection(sock, frames, self._wakeup.reader, connack.server_keep_alive or self._config.keepalive_s)
         self._connected(connack)
         try:
             self._handle(early)
@@ -330,11 +293,7 @@ class NativeLink:
             self._send_out(conn)
             readable, woken = conn.wait()
             if woken:
-                # Drain, then clear the flag, then (next pass) take `_out`: a wake-up sent after the
-                # drain leaves its byte in the socketpair, and one skipped (the flag still set) finds
-                # its packet in `_out`. Clearing before the drain could eat a byte and strand the flag.
-                conn.drain_wake()
-                self._wake_pending = False
+                self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:
                 self._handle(conn.read())
             ping = conn.keepalive()
@@ -380,7 +339,7 @@ class NativeLink:
         with self._lock:
             self._sub_mid = self._window.new_id()
             self._write(mqtt5.SubscribePacket(self._sub_mid, filters).write())
-        self._kick()
+        self._wakeup.kick()
 
     def _announce_online(self) -> None:
         """`online` once subscribed (after SUBACK): never while requests would go unheard."""

@@ -70,13 +70,6 @@ class Connection:
             readable = True  # decrypted bytes select() cannot see
         return readable, woken
 
-    def drain_wake(self) -> None:
-        try:
-            while self._wake.recv(4096):
-                pass
-        except WOULD_BLOCK:
-            pass
-
     def read(self) -> list:
         """The packets of one read burst (PINGRESP taken here). Raises Dead or ProtocolError."""
         chunks: list[bytes] = []
