@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client' 2>/dev/null; then
+if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5' 2>/dev/null; then
     echo "setup: installing edge-inferd into .venv (a minute or two)" >&2
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q -e '.[test]'
