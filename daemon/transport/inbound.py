@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 
-@dataclass(frozen=True)
-class Inbound:
-    """One received message, converted at the boundary (no paho types leak past here)."""
+class Inbound(NamedTuple):
+    """One received message, converted at the boundary (no paho types leak past here).
+
+    A NamedTuple, made once per request on the network thread: 1.3 µs against 3.0 µs for
+    the frozen dataclass it was (its `object.__setattr__` per field; timeit, loaded machine),
+    and as immutable."""
 
     topic: str
     payload: bytes

@@ -36,6 +36,9 @@ that shape this module:
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped.
+- Intake gets the requests of one read burst (all that one `loop_read` pass decoded,
+  at most MAX_BURST) in one call, in order, at the burst's end (`on_read_burst_end`,
+  paho_client.py): one hand-off per burst, not per message.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
 REPLY_WINDOW = 1024
+# Requests handed to intake in one call at most: a long burst is handed on in parts, so the
+# first of its requests waits for at most this many to be decoded (~1 ms), not the whole burst
+# (with read-ahead, a backlog reads as one burst for as long as bytes keep coming).
+MAX_BURST = 64
 
 
 def disable_nagle(sock: object) -> None:
@@ -95,6 +102,7 @@ class MqttLink:
         self._receive_maximum = receive_maximum
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_burst  # the requests of one read burst, in order (one hand-off, not one per message)
+        self._burst: list[Inbound] = []  # the read burst so far (paho's loop thread only)
         self._accepting = threading.Event()
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
         self._subscribing = threading.Event()
@@ -123,6 +131,7 @@ class MqttLink:
         self._client.on_message = self._on_message
         self._client.on_publish = self._on_publish
         self._client.on_connect_fail = self._on_connect_fail
+        self._client.on_read_burst_end = self._hand_on_burst
         self._log = ThrottledLog(logger)
         self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
         self._stopping = False
@@ -221,13 +230,31 @@ class MqttLink:
             if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
                 client.ack(msg.mid, msg.qos)
                 return
-            self._handler((self._convert(msg),))
+            self._burst.append(self._convert(msg))
+            if len(self._burst) >= MAX_BURST:
+                self._hand_on_burst()
         except Exception:  # paho's loop thread must survive anything a message does
             logger.exception("failed to hand on a message from %r", msg.topic)
 
+    def _hand_on_burst(self) -> None:
+        """End of a read burst (paho's loop thread): its requests to intake, in one call. After
+        close_intake they stay unacked instead, for the broker to redeliver."""
+        burst = self._burst
+        if not burst:
+            return
+        self._burst = []
+        if not self._accepting.is_set():
+            return
+        try:
+            self._handler(burst)
+        except Exception:  # paho's loop thread must survive anything a handler does
+            logger.exception("failed to hand on %d message(s) from %r", len(burst), burst[0].topic)
+
     @staticmethod
     def _convert(msg: paho.MQTTMessage) -> Inbound:
-        props = getattr(msg, "properties", None)
+        props = msg.properties  # None for a 3.1.1 message, and for a v5 one without properties
+        if props is None:
+            return Inbound(msg.topic, msg.payload, msg.qos, msg.mid, time.monotonic())
         return Inbound(
             topic=msg.topic,
             payload=msg.payload,

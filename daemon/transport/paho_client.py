@@ -6,7 +6,9 @@ a third of the daemon's CPU, and three of its habits stood out:
   for the command, one per remaining-length byte, then the body), each a system call:
   `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead up to
   64 KiB and serves the following packets from memory. `loop_read` keeps going while
-  read-ahead bytes remain, because `select()` cannot see them.
+  read-ahead bytes remain, because `select()` cannot see them. What one `loop_read` call
+  reads is a read burst: `on_read_burst_end` is called at its end (MqttLink hands the
+  burst's requests to intake in one call).
 - **Wake-ups**: every publish or ack queued from another thread writes a byte to
   paho's socketpair to wake its loop (`_packet_queue`: 10% of the samples). A worker
   that publishes a batch of replies holds the wake-ups (`quiet_wakeups`) and wakes the
@@ -28,7 +30,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
@@ -54,7 +56,8 @@ _LOOP_THREAD = _HeldWakeups()  # owed wake-ups are never paid: the loop thread i
 
 
 class Client(paho.Client):
-    """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's."""
+    """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's, plus
+    `on_read_burst_end` (called on the loop thread after each read burst) and `quiet_wakeups`."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._held = threading.local()
@@ -63,6 +66,7 @@ class Client(paho.Client):
         self._ahead_pos = 0
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
         self._held_back: deque[int] = deque()  # mids paho holds back (state queued), oldest first; its lock
+        self.on_read_burst_end: Optional[Callable[[], None]] = None
         super().__init__(*args, **kwargs)
 
     # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in, and
@@ -155,10 +159,14 @@ class Client(paho.Client):
         super()._sock_close()
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
-        rc = super().loop_read(max_packets)
-        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._ahead_pos < len(self._ahead) and self._sock:
-            before = self._ahead_pos
+        try:
             rc = super().loop_read(max_packets)
-            if self._ahead_pos == before:
-                break  # no progress: wait for the socket
-        return rc
+            while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._ahead_pos < len(self._ahead) and self._sock:
+                before = self._ahead_pos
+                rc = super().loop_read(max_packets)
+                if self._ahead_pos == before:
+                    break  # no progress: wait for the socket
+            return rc
+        finally:
+            if self.on_read_burst_end is not None:
+                self.on_read_burst_end()

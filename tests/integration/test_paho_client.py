@@ -141,3 +141,22 @@ def test_held_back_publishes_wait_in_a_queue_not_a_walk(broker, monkeypatch):
     monkeypatch.setattr(paho.Client, "_update_inflight", lambda self: walks.append(1))
     _publish_all(broker, 5, 300)
     assert walks == []  # paho's walk over every unacknowledged publish is never taken
+
+
+def test_a_read_burst_ends_with_one_call_after_all_its_messages(broker):
+    n = 500
+    c, got, done = _receiver(broker, "rb/t", n)
+    events: list[str] = []
+    receive = c.on_message
+    c.on_message = lambda *a: events.append("message") or receive(*a)
+    c.on_read_burst_end = lambda: events.append("end")
+    sender = conftest.Client(broker)
+    conftest.burst(sender, "rb/t", [str(i).encode() for i in range(n)])
+    assert done.wait(WAIT_S)
+    sender.close()
+    c.disconnect()
+    c.loop_stop()
+    assert got == [str(i).encode() for i in range(n)]
+    last_message = len(events) - 1 - events[::-1].index("message")
+    assert "end" in events[last_message:]  # no message waits past the end of its burst
+    assert events.count("end") < n / 2  # bursts, not one call per message (read-ahead serves many)

@@ -11,6 +11,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.config.loader import load_config
+from daemon.transport import mqtt
 from daemon.transport.inbound import Inbound
 from daemon.transport.mqtt import MqttLink
 from daemon.transport.outbox import Outbox, Row
@@ -55,3 +56,63 @@ def test_at_stop_only_unconfirmed_replies_are_kept_in_the_outbox(tmp_path):
     link.stop(0.1)
     kept = Outbox(tmp_path / "outbox", 1 << 20).oldest(10)
     assert [(r.topic, r.payload, r.correlation_data) for r in kept] == [("results/d1/activity", b"reply", b"c-1")]
+
+
+def _message(mid: int, retain: bool = False) -> paho.MQTTMessage:
+    msg = paho.MQTTMessage(mid=mid, topic=b"sensors/d1/imu")
+    msg.payload, msg.qos, msg.retain = b"%d" % mid, 1, retain
+    return msg
+
+
+def _link(handler) -> MqttLink:
+    config = load_config(ROOT / "config.yaml", check_models=False).mqtt
+    return MqttLink(config, ["sensors/+/imu"], handler)
+
+
+def test_a_read_burst_reaches_intake_in_one_call_in_order():
+    bursts: list[list[int]] = []
+    link = _link(lambda burst: bursts.append([i.mid for i in burst]))
+    for mid in (1, 2, 3):
+        link._on_message(link._client, None, _message(mid))
+    assert bursts == []  # held until the burst ends
+    link._client.on_read_burst_end()
+    link._client.on_read_burst_end()  # an empty burst is not handed on
+    assert bursts == [[1, 2, 3]]
+
+
+def test_a_long_burst_is_handed_on_in_parts_of_max_burst():
+    sizes: list[int] = []
+    link = _link(lambda burst: sizes.append(len(burst)))
+    for mid in range(1, 2 * mqtt.MAX_BURST + 2):
+        link._on_message(link._client, None, _message(mid))
+    link._client.on_read_burst_end()
+    assert sizes == [mqtt.MAX_BURST, mqtt.MAX_BURST, 1]
+
+
+def test_a_handler_that_raises_costs_only_its_burst(caplog):
+    bursts: list[list[int]] = []
+
+    def handler(burst):
+        bursts.append([i.mid for i in burst])
+        if len(bursts) == 1:
+            raise RuntimeError("boom")
+
+    link = _link(handler)
+    link._on_message(link._client, None, _message(1))
+    link._client.on_read_burst_end()  # raises inside: logged, the loop thread goes on
+    link._on_message(link._client, None, _message(2))
+    link._client.on_read_burst_end()
+    assert bursts == [[1], [2]]
+    assert "failed to hand on 1 message" in caplog.text
+
+
+def test_after_close_intake_a_burst_stays_unacked_and_retained_messages_are_not_requests():
+    bursts: list = []
+    link = _link(bursts.append)
+    acked: list[int] = []
+    link._client.ack = lambda mid, qos: acked.append(mid)
+    link._on_message(link._client, None, _message(1, retain=True))
+    link._on_message(link._client, None, _message(2))
+    link.close_intake()
+    link._client.on_read_burst_end()
+    assert bursts == [] and acked == [1]
