@@ -20,7 +20,8 @@ a third of the daemon's CPU, and three of its habits stood out:
   the window (18% of the samples). Here the held-back mids wait in a deque, in paho's
   order, and each PUBACK sends the next one in O(1).
 
-All rely on paho 2.x internals (`_sock_recv`, `_sock_close`, `_sockpairW`, `_update_inflight`,
+PUBLISH and PUBACK packets without properties are decoded without paho's per-packet objects
+(paho_packets.py). All rely on paho 2.x internals (`_sock_recv`, `_sock_close`, `_sockpairW`, `_update_inflight`,
 `_out_messages`, pinned by `paho-mqtt>=2.1,<3`); tests/integration/test_paho_client.py checks
 them against the real paho.
 """
@@ -34,6 +35,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
+
+from daemon.transport.paho_packets import Packets
 
 # One recv() reads up to this much: many requests' worth of packets.
 READ_AHEAD_BYTES = 1 << 16
@@ -55,7 +58,7 @@ class _HeldWakeups:
 _LOOP_THREAD = _HeldWakeups()  # owed wake-ups are never paid: the loop thread is the one they would wake
 
 
-class Client(paho.Client):
+class Client(Packets):
     """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's, plus
     `on_read_burst_end` (called on the loop thread after each read burst) and `quiet_wakeups`."""
 

@@ -160,3 +160,68 @@ def test_a_read_burst_ends_with_one_call_after_all_its_messages(broker):
     last_message = len(events) - 1 - events[::-1].index("message")
     assert "end" in events[last_message:]  # no message waits past the end of its burst
     assert events.count("end") < n / 2  # bursts, not one call per message (read-ahead serves many)
+
+
+def _counting(monkeypatch, name: str) -> list:
+    """Count the calls of paho's own `paho.Client.<name>` (the path the shortcuts skip)."""
+    calls: list = []
+    real = getattr(paho.Client, name)
+    monkeypatch.setattr(paho.Client, name, lambda self, *a: calls.append(a) or real(self, *a))
+    return calls
+
+
+def test_a_publish_without_properties_skips_paho_s_decoder_and_one_with_them_keeps_them(broker, monkeypatch):
+    decoded_by_paho = _counting(monkeypatch, "_handle_publish")
+    c, got, done = _receiver(broker, "pp/t", 0)
+    messages: list[paho.MQTTMessage] = []
+    arrived = threading.Event()
+    c.on_message = lambda client, userdata, msg: messages.append(msg) or (len(messages) == 3 and arrived.set())
+    sender = conftest.Client(broker)
+    sender.publish("pp/t", b"plain")
+    sender.publish("pp/t", b"with", response_topic="me/replies", correlation=b"c-1")
+    sender.publish("pp/t", b"", qos=0)
+    assert arrived.wait(WAIT_S)
+    plain, rich, empty = messages
+    assert (plain.topic, plain.payload, plain.qos, plain.retain, plain.properties) == ("pp/t", b"plain", 1, False, None)
+    assert (rich.payload, rich.properties.ResponseTopic, rich.properties.CorrelationData) == (b"with", "me/replies",
+                                                                                             b"c-1")
+    assert (empty.payload, empty.qos) == (b"", 0)
+    assert len(decoded_by_paho) == 1  # only the one with properties
+    sender.close()
+    c.disconnect()
+    c.loop_stop()
+
+
+def test_with_paho_s_log_on_every_packet_takes_paho_s_path(broker, monkeypatch):
+    decoded_by_paho = _counting(monkeypatch, "_handle_publish")
+    c, got, done = _receiver(broker, "lg/t", 2)
+    c.enable_logger()
+    sender = conftest.Client(broker)
+    for payload in (b"a", b"b"):
+        sender.publish("lg/t", payload)
+    assert done.wait(WAIT_S) and got == [b"a", b"b"]
+    assert len(decoded_by_paho) == 2
+    sender.close()
+    c.disconnect()
+    c.loop_stop()
+
+
+def test_pubacks_skip_paho_s_decoder_and_keep_their_reason_code(broker, monkeypatch):
+    decoded_by_paho = _counting(monkeypatch, "_handle_pubackcomp")
+    sink, got, done = _receiver(broker, "pa/t", 1)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    reasons: dict[int, int] = {}
+    acked = threading.Event()
+    c.on_publish = lambda client, userdata, mid, reason, props: reasons.update({mid: reason.value}) or (
+        len(reasons) == 2 and acked.set())
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    heard = c.publish("pa/t", b"x", qos=1)
+    unheard = c.publish("pa/nobody", b"x", qos=1)
+    assert acked.wait(WAIT_S) and done.wait(WAIT_S)
+    assert reasons == {heard.mid: 0x00, unheard.mid: 0x10}  # mosquitto: v5 "No matching subscribers"
+    assert decoded_by_paho == []
+    assert heard.is_published() and unheard.is_published()
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
