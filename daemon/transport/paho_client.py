@@ -6,7 +6,9 @@ a third of the daemon's CPU, and three of its habits stood out:
   for the command, one per remaining-length byte, then the body), each a system call:
   `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead up to
   64 KiB and serves the following packets from memory. `loop_read` keeps going while
-  read-ahead bytes remain, because `select()` cannot see them. What one `loop_read` call
+  read-ahead bytes remain, because `select()` cannot see them. A PUBLISH or PUBACK that
+  lies whole in the read-ahead is framed straight from it (`_frame`), not byte by byte
+  through `_sock_recv` and paho's `_in_packet` bookkeeping. What one `loop_read` call
   reads is a read burst: `on_read_burst_end` is called at its end (MqttLink hands the
   burst's requests to intake in one call).
 - **Wake-ups**: every publish or ack queued from another thread writes a byte to
@@ -36,10 +38,16 @@ from typing import Any, Callable, Iterator, Optional
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
 
-from daemon.transport.paho_packets import Packets
+from daemon.transport.paho_packets import PUBACK, PUBLISH, Packets
+
+try:  # paho 2.2 turns decoding errors into MalformedPacket (and its _packet_read catches it); 2.1 has none
+    from paho.mqtt.exception import MalformedPacket as _Malformed
+except ImportError:  # pragma: no cover - paho 2.1
+    _Malformed = ()
 
 # One recv() reads up to this much: many requests' worth of packets.
 READ_AHEAD_BYTES = 1 << 16
+_REMAINING_LENGTH_BYTES = 4  # MQTT's remaining length takes 1 to 4 bytes
 # What paho writes to its socketpair to wake the loop (any single byte does).
 _WAKE_BYTE = b"0"
 
@@ -67,6 +75,8 @@ class Client(Packets):
         self._real_sockpair_w = None
         self._ahead = b""
         self._ahead_pos = 0
+        self._framed: dict = {"command": 0, "have_remaining": 1, "remaining_count": [], "remaining_mult": 1,
+                              "remaining_length": 0, "packet": b"", "to_process": 0, "pos": 0}
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
         self._held_back: deque[int] = deque()  # mids paho holds back (state queued), oldest first; its lock
         self.on_read_burst_end: Optional[Callable[[], None]] = None
@@ -173,3 +183,43 @@ class Client(Packets):
         finally:
             if self.on_read_burst_end is not None:
                 self.on_read_burst_end()
+
+    def _packet_read(self) -> MQTTErrorCode:
+        if self._in_packet["command"] == 0:  # between packets
+            rc = self._frame()
+            if rc is not None:
+                return rc
+        return super()._packet_read()
+
+    def _frame(self) -> Optional[MQTTErrorCode]:
+        """Handle the next packet straight from the read-ahead if it is a PUBLISH or a PUBACK and
+        lies there whole; None: paho reads it (through `_sock_recv`). The keepalive's clock of
+        received bytes needs no update here: every recv() is made by paho's reader, which sets
+        it once the packet that asked for the bytes is complete."""
+        buf, start = self._ahead, self._ahead_pos
+        end = len(buf)
+        if end - start < 2 or (buf[start] & 0xF0) not in (PUBLISH, PUBACK):
+            return None
+        length, shift, pos = 0, 0, start + 1
+        while True:
+            if pos >= end or pos > start + _REMAINING_LENGTH_BYTES:
+                return None  # cut off here, or malformed: paho's reader decides
+            byte = buf[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if pos + length > end:
+            return None
+        self._ahead_pos = pos + length
+        packet = self._framed
+        packet["command"], packet["remaining_length"], packet["packet"] = buf[start], length, buf[pos : pos + length]
+        idle, self._in_packet = self._in_packet, packet
+        try:
+            return self._handle_publish() if buf[start] & 0xF0 == PUBLISH else self._handle_pubackcomp("PUBACK")
+        except _Malformed as exc:  # as paho 2.2's _packet_read does
+            self._easy_log(paho.MQTT_LOG_DEBUG, "Received malformed packet: %s", exc)
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL
+        finally:
+            self._in_packet = idle

@@ -30,12 +30,25 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 PUBLISH = 0x30
 PUBACK = 0x40
+_VARINT_MAX = 268_435_455
 _PUBACK_PACKET = struct.Struct("!BBH")  # command, remaining length 2, mid
 _NO_PROPERTIES_BYTE = 0
 # Reason codes handed to `on_publish` for a PUBACK without properties, shared: paho makes a new
 # one (with its table of names) per PUBACK. Callbacks must not change them.
 _PUBACK_REASONS = {code: ReasonCode(PacketTypes.PUBACK, identifier=code) for code in (0x00, 0x10)}
 _PUBACK_PROPERTIES = Properties(PacketTypes.PUBACK)  # empty, shared in the same way
+
+
+def varint(value: int) -> bytes:
+    """MQTT's variable byte integer (remaining lengths, property lengths)."""
+    if value > _VARINT_MAX:
+        raise ValueError("Packet too large")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
 
 
 def plain_publish(header: int, body: bytes, v5: bool) -> Optional[tuple[bytes, int, bytes]]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from daemon.transport import paho_client
+from daemon.transport import paho_client, paho_packets
 from tests.integration import conftest
 from tests.integration.conftest import WAIT_S
 
@@ -225,3 +226,41 @@ def test_pubacks_skip_paho_s_decoder_and_keep_their_reason_code(broker, monkeypa
     for client in (c, sink):
         client.disconnect()
         client.loop_stop()
+
+
+def test_packets_whole_in_the_read_ahead_are_framed_from_it_and_others_read_by_paho(monkeypatch):
+    """One write of many PUBLISH packets (one longer than the read-ahead) into a socketpair the
+    client reads as its broker connection: all arrive, in order, most framed from the read-ahead."""
+    served = []
+    real = paho_client.Client._sock_recv
+    monkeypatch.setattr(paho_client.Client, "_sock_recv", lambda self, n: served.append(n) or real(self, n))
+    payloads = [b"%d" % i for i in range(150)] + [b"x" * 70_000] + [b"%d" % i for i in range(150)]
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    got: list[bytes] = []
+    c.on_message = lambda client, userdata, msg: got.append(msg.payload)
+    ours, broker_end = socket.socketpair()
+    ours.setblocking(False)
+    c._sock = ours
+    bodies = [b"\x00\x01t" + payload for payload in payloads]  # QoS 0 PUBLISH on "t": no mid, no properties
+    broker_end.sendall(b"".join(b"\x30" + paho_packets.varint(len(body)) + body for body in bodies))
+    while len(got) < len(payloads):
+        assert c.loop_read() == paho.MQTT_ERR_SUCCESS
+    assert got == payloads
+    assert len(served) < len(payloads) / 4  # paho's reader: 3 per packet
+    c._sock = None
+    ours.close()
+    broker_end.close()
+
+
+def test_framed_packets_keep_the_keepalive_s_clock_of_received_bytes(broker):
+    c, got, done = _receiver(broker, "ka/t", 200)
+    clock = "_last_bytes_received" if hasattr(c, "_last_bytes_received") else "_last_msg_in"  # paho 2.2 / 2.1
+    sender = conftest.Client(broker)
+    conftest.burst(sender, "ka/t", [b"x"] * 199)
+    sent_at = paho.time_func()
+    sender.publish("ka/t", b"last")
+    assert done.wait(WAIT_S)
+    assert getattr(c, clock) >= sent_at  # else the client would ping, and drop, a busy connection
+    sender.close()
+    c.disconnect()
+    c.loop_stop()

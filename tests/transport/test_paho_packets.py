@@ -12,7 +12,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.transport import paho_packets
-from daemon.transport.paho_packets import plain_publish, puback_reason
+from daemon.transport.paho_packets import plain_publish, puback_reason, varint
 
 
 class _Captured(paho.Client):
@@ -94,6 +94,12 @@ def test_puback_reasons_are_paho_s_for_packets_without_properties():
     assert puback_reason(b"\x00\x05\x87", v5=True) is None  # "Not authorized": paho's own decoder
     assert puback_reason(b"\x00\x05\x00\x03\x1f\x00\x00", v5=True) is None  # a reason string
     assert puback_reason(b"\x00\x05\x00", v5=False) is None  # malformed in 3.1.1
+
+
+def test_varint_is_mqtt_s_remaining_length():
+    client = paho.Client(CallbackAPIVersion.VERSION2)
+    for value in (0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455):
+        assert varint(value) == bytes(client._pack_remaining_length(bytearray(), value))
 
 
 def test_shared_puback_reason_codes_are_paho_s():
