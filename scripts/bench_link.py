@@ -1,7 +1,8 @@
 """The transport's own CPU per request: an echo through an MqttLink against the bare paho echo.
 
     python scripts/bench_transport.py [--link [ROOT@]daemon.transport.mqtt:MqttLink ...] [--requests 10000]
-        [--rounds 3] [--floats 150] [--protocol 5|3.1.1] [--reply-from worker|loop] [--no-echo]
+        [--rounds 3] [--floats 150] [--protocol 5|3.1.1] [--reply-from worker|loop] [--correlation DATA]
+        [--no-echo]
 
 A private mosquitto; each round runs every consumer in turn, one at a time, on the same requests:
 - `echo`: `daemon.tools.baselines echo`, the bare paho floor (replies inside `on_message`).
@@ -26,6 +27,7 @@ import json
 import os
 import queue
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,6 +58,21 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 def _load_link(spec: str) -> type:
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name or "MqttLink")
+
+
+class Publisher(LinePublisher):
+    """`mosquitto_pub -l` on the request topic; with `correlation`, every request carries that v5
+    CorrelationData (so every reply carries it back)."""
+
+    def __init__(self, address: str, correlation: Optional[str]):
+        if correlation is None:
+            super().__init__(address, REQUEST_TOPIC)
+            return
+        host, port = address.rsplit(":", 1)
+        self._proc = subprocess.Popen(["mosquitto_pub", "-h", host, "-p", port, "-q", "1", "-t", REQUEST_TOPIC,
+                                       "-l", "-V", "5", "-D", "publish", "correlation-data", correlation],
+                                      stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.stdin = self._proc.stdin
 
 
 class EchoWorker:
@@ -150,13 +167,13 @@ def _requests(path: Path, n: int, floats: int, first_id: int) -> None:
 
 
 def measure(broker: Broker, name: str, cmd: list[str], status_topic: str, files: Path, requests: Path,
-            n: int, counts: Path) -> dict:
+            n: int, counts: Path, correlation: Optional[str] = None) -> dict:
     """One consumer: warm up, then a burst of n requests; CPU per reply, overall and per thread."""
     log = files / f"{name}.log"
     collector = Collector(broker.address, REPLY_TOPIC)
     proc = ConsumerProcess(cmd, broker.address, status_topic, log)
     try:
-        pub = LinePublisher(broker.address, REQUEST_TOPIC)
+        pub = Publisher(broker.address, correlation)
         pub.send_file(files / "warmup.txt")
         if not collector.wait(lambda: collector.probes >= WARMUP, TIMEOUT_S):
             raise RuntimeError(f"{name}: the warm-up got {collector.probes} of {WARMUP} replies")
@@ -213,7 +230,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 _requests(requests, args.requests, args.floats, rnd * args.requests)  # distinct in every round
                 for name, cmd, cid, counts in _consumers(args, broker, files, rnd):
                     row = measure(broker, name, cmd, f"edge-inferd/{cid}/status", files, requests,
-                                  args.requests, counts)
+                                  args.requests, counts, args.correlation)
                     row["round"] = rnd
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -247,6 +264,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--floats", type=int, default=150)
     parser.add_argument("--protocol", default="5", choices=sorted(PROTOCOLS))
     parser.add_argument("--reply-from", default="worker", choices=("worker", "loop"))
+    parser.add_argument("--correlation", help="v5 CorrelationData on every request (and so every reply)")
     parser.add_argument("--no-echo", dest="echo", action="store_false", help="leave out the paho echo")
     args = parser.parse_args(argv)
     if args.cmd == "serve":

@@ -63,6 +63,7 @@ from daemon.transport.link_health import LinkHealth
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
 from daemon.transport.paho_client import Client
+from daemon.transport.paho_packets import ReplyProperties
 from daemon.obs.throttled_log import ThrottledLog
 
 logger = logging.getLogger(__name__)
@@ -300,11 +301,7 @@ class MqttLink:
                  owner: Optional[object], response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
         properties = None
         if (correlation_data is not None or response_topic is not None) and self._config.is_v5:
-            properties = Properties(PacketTypes.PUBLISH)
-            if correlation_data is not None:
-                properties.CorrelationData = correlation_data
-            if response_topic is not None:
-                properties.ResponseTopic = response_topic
+            properties = ReplyProperties(correlation_data, response_topic)  # paho's Properties: 20 µs a reply
         info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
         if self._config.qos > 0:
             self._safe.register(info.mid, owner)

@@ -264,3 +264,38 @@ def test_framed_packets_keep_the_keepalive_s_clock_of_received_bytes(broker):
     sender.close()
     c.disconnect()
     c.loop_stop()
+
+
+def test_a_reply_never_waited_for_gets_no_condition(broker):
+    sink, got, done = _receiver(broker, "lc/t", 2)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    quiet = c.publish("lc/t", b"1", qos=1)
+    waited = c.publish("lc/t", b"2", qos=1)
+    waited.wait_for_publish(WAIT_S)
+    assert waited._published and done.wait(WAIT_S)
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
+    assert quiet._published and quiet._condition is None  # paho makes a threading.Condition per publish
+
+
+def test_reply_properties_reach_the_subscriber_also_when_held_back_by_the_window(broker):
+    n = 50
+    sink, got, done = _receiver(broker, "rp/t", n)
+    seen: list[tuple] = []
+    receive = sink.on_message
+    sink.on_message = lambda client, userdata, msg: seen.append(
+        (msg.payload, msg.properties.CorrelationData, msg.properties.ResponseTopic)) or receive(client, userdata, msg)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.max_inflight_messages_set(5)  # 45 wait, held back, and are packed again when sent
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    for i in range(n):
+        c.publish("rp/t", b"%d" % i, qos=1, properties=paho_packets.ReplyProperties(b"c-%d" % i, "me/answers"))
+    assert done.wait(WAIT_S)
+    assert seen == [(b"%d" % i, b"c-%d" % i, "me/answers") for i in range(n)]
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()

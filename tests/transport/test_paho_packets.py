@@ -12,7 +12,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.transport import paho_packets
-from daemon.transport.paho_packets import plain_publish, puback_reason, varint
+from daemon.transport.paho_packets import LightInfo, ReplyProperties, plain_publish, puback_reason, varint
 
 
 class _Captured(paho.Client):
@@ -96,10 +96,36 @@ def test_puback_reasons_are_paho_s_for_packets_without_properties():
     assert puback_reason(b"\x00\x05\x00", v5=False) is None  # malformed in 3.1.1
 
 
+@settings(max_examples=100, deadline=None)
+@given(correlation=st.one_of(st.none(), st.binary(max_size=300)),
+       response=st.one_of(st.none(), st.text(max_size=40).filter(lambda t: "\0" not in t)))
+def test_reply_properties_pack_as_paho_s_properties(correlation, response):
+    theirs = Properties(PacketTypes.PUBLISH)
+    if correlation is not None:
+        theirs.CorrelationData = correlation
+    if response is not None:
+        theirs.ResponseTopic = response
+    ours = ReplyProperties(correlation, response).pack()
+    unpacked = Properties(PacketTypes.PUBLISH)
+    unpacked.unpack(ours)
+    assert unpacked.json() == theirs.json()
+    assert len(ours) == len(theirs.pack())
+
+
 def test_varint_is_mqtt_s_remaining_length():
     client = paho.Client(CallbackAPIVersion.VERSION2)
     for value in (0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455):
         assert varint(value) == bytes(client._pack_remaining_length(bytearray(), value))
+
+
+def test_light_info_has_no_condition_until_someone_waits():
+    info = LightInfo(3)
+    info._set_as_published()
+    assert info._condition is None and info._published
+    info.wait_for_publish(0.01)  # published already: returns at once
+    assert info.is_published()
+    waiting = LightInfo(4)
+    assert not waiting.is_published() and waiting._condition is not None
 
 
 def test_shared_puback_reason_codes_are_paho_s():
