@@ -1,4 +1,4 @@
-"""paho's Client with two per-packet system calls and a per-PUBACK walk taken off the request path.
+"""paho's Client with its per-packet system calls and a per-PUBACK walk taken off the request path.
 
 Profiled on a 5,000-request burst (py-spy, docs/performance.md), paho itself was about
 a third of the daemon's CPU, and three of its habits stood out:
@@ -21,10 +21,15 @@ a third of the daemon's CPU, and three of its habits stood out:
   the oldest to find the first held-back one: ~1,024 steps per PUBACK once a burst fills
   the window (18% of the samples). Here the held-back mids wait in a deque, in paho's
   order, and each PUBACK sends the next one in O(1).
+- **Writes**: `_packet_write` gives each queued packet its own `send()`, so a batch of
+  replies, and the PUBACKs of a read burst, each cost a system call. Here each run of queued
+  packets that need nothing done once written (all but QoS 0 publishes and DISCONNECT,
+  which paho's own loop still writes one by one) leaves in one `send()` of up to 64 KiB.
 
-PUBLISH and PUBACK packets without properties are decoded without paho's per-packet objects
-(paho_packets.py). All rely on paho 2.x internals (`_sock_recv`, `_sock_close`, `_sockpairW`, `_update_inflight`,
-`_out_messages`, pinned by `paho-mqtt>=2.1,<3`); tests/integration/test_paho_client.py checks
+The packets themselves are decoded and made without paho's per-packet objects where they
+carry no properties (paho_packets.py). All rely on paho 2.x internals (`_sock_recv`,
+`_sock_close`, `_sockpairW`, `_update_inflight`, `_out_messages`, `_out_packet`, `_in_packet`,
+`_packet_handle`, pinned by `paho-mqtt>=2.1,<3`); tests/integration/test_paho_client.py checks
 them against the real paho.
 """
 
@@ -47,6 +52,9 @@ except ImportError:  # pragma: no cover - paho 2.1
 
 # One recv() reads up to this much: many requests' worth of packets.
 READ_AHEAD_BYTES = 1 << 16
+# One send() writes up to about this much of the queued packets (at least one packet).
+WRITE_JOIN_BYTES = 1 << 16
+_DISCONNECT = 0xE0
 _REMAINING_LENGTH_BYTES = 4  # MQTT's remaining length takes 1 to 4 bytes
 # What paho writes to its socketpair to wake the loop (any single byte does).
 _WAKE_BYTE = b"0"
@@ -66,9 +74,15 @@ class _HeldWakeups:
 _LOOP_THREAD = _HeldWakeups()  # owed wake-ups are never paid: the loop thread is the one they would wake
 
 
+def _needs_nothing_once_sent(packet: dict) -> bool:
+    """paho acts on a QoS 0 PUBLISH (`on_publish`) and a DISCONNECT once written; on nothing else."""
+    command = packet["command"] & 0xF0
+    return command != _DISCONNECT and not (command == PUBLISH and packet["qos"] == 0)
+
+
 class Client(Packets):
-    """paho.Client with read-ahead and per-thread batched wake-ups; the API is paho's, plus
-    `on_read_burst_end` (called on the loop thread after each read burst) and `quiet_wakeups`."""
+    """paho.Client with read-ahead, joined writes and per-thread batched wake-ups; the API is paho's,
+    plus `on_read_burst_end` (called on the loop thread after each read burst) and `quiet_wakeups`."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._held = threading.local()
@@ -87,12 +101,14 @@ class Client(Packets):
     # `on_publish`, say) go out in the loop's next pass without a wake-up byte each.
     @property
     def _sockpairW(self) -> Any:  # noqa: N802 - paho's name
-        if self._real_sockpair_w is None:
+        writer = self._real_sockpair_w
+        if writer is None:
             return None
-        held = getattr(self._held, "wakeups", None)
-        if held is None and threading.current_thread() is getattr(self, "_thread", None):
+        loop = self.__dict__.get("_thread")  # read twice per queued packet: kept cheap
+        if loop is not None and loop.ident == threading.get_ident():
             return _LOOP_THREAD
-        return held if held is not None else self._real_sockpair_w
+        held = getattr(self._held, "wakeups", None)
+        return held if held is not None else writer
 
     @_sockpairW.setter
     def _sockpairW(self, value: Any) -> None:  # noqa: N802
@@ -223,3 +239,47 @@ class Client(Packets):
             return MQTTErrorCode.MQTT_ERR_PROTOCOL
         finally:
             self._in_packet = idle
+
+    def _packet_write(self) -> MQTTErrorCode:
+        """paho's, with each run of packets that need nothing once written joined into one send()."""
+        while True:
+            packet = self._join_run()
+            if packet is None:  # nothing queued, or a packet paho acts on once written
+                return super()._packet_write()
+            try:
+                sent = self._sock_send(packet["packet"][packet["pos"] :])
+            except (AttributeError, ValueError):
+                self._out_packet.appendleft(packet)
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            except BlockingIOError:
+                self._out_packet.appendleft(packet)
+                return MQTTErrorCode.MQTT_ERR_AGAIN
+            except OSError as err:
+                self._out_packet.appendleft(packet)
+                self._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
+                return MQTTErrorCode.MQTT_ERR_CONN_LOST
+            packet["pos"] += sent
+            packet["to_process"] -= sent
+            if packet["to_process"] > 0:
+                self._out_packet.appendleft(packet)  # the rest goes next, first
+                if sent <= 0:
+                    return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _join_run(self) -> Optional[dict]:
+        """The leading packets that need nothing once written, up to WRITE_JOIN_BYTES, as one
+        packet (only this thread takes packets off `_out_packet`; others append to its right)."""
+        out = self._out_packet
+        if not out or not _needs_nothing_once_sent(out[0]):
+            return None
+        first = out.popleft()
+        if not out or not _needs_nothing_once_sent(out[0]):
+            return first
+        parts = [first["packet"][first["pos"] :]]
+        size = len(parts[0])
+        while out and size < WRITE_JOIN_BYTES and _needs_nothing_once_sent(out[0]):
+            packet = out.popleft()
+            parts.append(packet["packet"][packet["pos"] :])
+            size += len(parts[-1])
+        joined = b"".join(parts)
+        return {"command": PUBACK, "mid": 0, "qos": 1, "pos": 0, "to_process": len(joined), "packet": joined,
+                "info": None}

@@ -299,3 +299,30 @@ def test_reply_properties_reach_the_subscriber_also_when_held_back_by_the_window
     for client in (c, sink):
         client.disconnect()
         client.loop_stop()
+
+
+def test_queued_packets_leave_in_one_send_and_qos_0_ones_still_get_on_publish(broker):
+    n, qos0 = 100, 10
+    sink, got, done = _receiver(broker, "js/t", n + qos0)
+    c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    c.max_inflight_messages_set(0)
+    published: list[int] = []
+    c.on_publish = lambda client, userdata, mid, *a: published.append(mid)
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    sends = []
+    real_send = c._sock_send
+    c._sock_send = lambda buf: sends.append(len(buf)) or real_send(buf)
+    with c.quiet_wakeups():  # the loop writes once, after the block: all n are queued by then
+        infos = [c.publish("js/t", str(i).encode(), qos=1) for i in range(n)]
+    infos[-1].wait_for_publish(WAIT_S)
+    writes = len(sends)
+    infos += [c.publish("js/t", str(i).encode(), qos=0) for i in range(n, n + qos0)]  # paho's own writes
+    assert done.wait(WAIT_S)
+    assert [g for g in got if int(g) < n] == [str(i).encode() for i in range(n)]  # in order per QoS (the
+    assert sorted(got, key=int) == [str(i).encode() for i in range(n + qos0)]  # broker may pass QoS 0 first)
+    assert writes < n / 4  # paho alone: one send() per packet
+    assert sorted(published) == sorted(info.mid for info in infos)  # QoS 0 ones too
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
