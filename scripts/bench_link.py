@@ -8,7 +8,8 @@ A private mosquitto; each round runs every consumer in turn, one at a time, on t
 - `echo`: `daemon.tools.baselines echo`, the bare paho floor (replies inside `on_message`).
 - each `--link MODULE:CLASS` (the MqttLink interface: `daemon.transport.mqtt:MqttLink`, or another
   transport built against it; `ROOT@` runs the copy of this script in another checkout, e.g. a
-  git worktree of an older commit, to compare two versions side by side), in a child process whose intake hands each read burst to an "echo
+  git worktree of an older commit, to compare two versions side by side; `#3.1.1` or `#5` after it
+  sets that link's protocol, to compare protocols side by side), in a child process whose intake hands each read burst to an "echo
   worker" thread that replies to every request inside `link.batch()`, as the daemon's workers do;
   each request is acked once its reply's PUBACK is back, as in the daemon (`--reply-from loop`
   replies on the network thread, inside the intake call, as the paho echo does).
@@ -211,10 +212,11 @@ def _consumers(args: argparse.Namespace, broker: Broker, files: Path, rnd: int) 
     for i, spec in enumerate(args.link):
         cid = f"link{i}-{rnd}"
         counts = files / f"{cid}.counts"
-        root, _, link = spec.rpartition("@")  # ROOT@MODULE:CLASS: that tree's copy of this script serves it
+        spec_protocol, _, protocol = spec.partition("#")  # ...#3.1.1: this link on another protocol
+        root, _, link = spec_protocol.rpartition("@")  # ROOT@MODULE:CLASS: that tree's copy of this script serves it
         script = Path(root) / "scripts" / Path(__file__).name if root else Path(__file__)
         found.append((spec, [python, str(script), "serve", "--link", link, "--broker", broker.address,
-                             "--client-id", cid, "--protocol", args.protocol, "--reply-from", args.reply_from,
+                             "--client-id", cid, "--protocol", protocol or args.protocol, "--reply-from", args.reply_from,
                              "--counts", str(counts)], cid, counts))
     return found
 
