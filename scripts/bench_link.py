@@ -1,6 +1,6 @@
 """The transport's own CPU per request: an echo through an MqttLink against the bare paho echo.
 
-    python scripts/bench_transport.py [--link [ROOT@]daemon.transport.mqtt:MqttLink ...] [--requests 10000]
+    python scripts/bench_link.py [--link [ROOT@]daemon.transport.mqtt:MqttLink ...] [--requests 10000]
         [--rounds 3] [--floats 150] [--protocol 5|3.1.1] [--reply-from worker|loop] [--correlation DATA]
         [--no-echo]
 
