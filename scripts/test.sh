@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskcache, paho.mqtt, orjson, PIL' 2>/dev/null; then
     echo "test: creating .venv-tflite (tflite-runtime 2.14 needs numpy<2 and Python <= 3.11)" >&2
     python3 -m venv .venv-tflite
-    .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.1,<3' 'orjson>=3.9' 'pillow>=10'
+    .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.2,<3' 'orjson>=3.9' 'pillow>=10'
 fi
 export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
 

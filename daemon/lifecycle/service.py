@@ -325,7 +325,7 @@ class Service:
 
     def _connect(self) -> None:
         link_type = MqttLink
-        if self.config.mqtt.transport == "native":  # imported only when chosen: mqtt5 is an optional extra
+        if self.config.mqtt.transport == "native":  # imported only when chosen: mqtt5 has no wheel everywhere
             from daemon.transport.native import NativeLink as link_type
         self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst,
                                receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())

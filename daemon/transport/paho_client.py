@@ -30,7 +30,7 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
 The packets themselves are decoded and made without paho's per-packet objects where they
 carry no properties (paho_packets.py). All rely on paho 2.x internals (`_sock_recv`,
 `_sock_close`, `_sockpairW`, `_update_inflight`, `_out_messages`, `_out_packet`, `_in_packet`,
-`_packet_handle`, pinned by `paho-mqtt>=2.1,<3`); tests/integration/test_paho_client.py checks
+`_packet_handle`, pinned by `paho-mqtt>=2.2,<3`); tests/integration/test_paho_client.py checks
 them against the real paho.
 """
 

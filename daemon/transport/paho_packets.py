@@ -20,7 +20,7 @@ packet takes paho's own path.
 
 These rely on paho 2.x internals (`_in_packet`, `_handle_publish`, `_handle_pubackcomp`,
 `_do_on_publish`, `_send_publish`, `_out_messages`, `_handle_on_message`, `_packet_queue`), pinned by
-`paho-mqtt>=2.1,<3`; tests/integration/test_paho_client.py checks them against the real paho.
+`paho-mqtt>=2.2,<3`; tests/integration/test_paho_client.py checks them against the real paho.
 """
 
 from __future__ import annotations

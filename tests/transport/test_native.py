@@ -266,3 +266,27 @@ def test_config_check_refuses_what_native_cannot_do_naming_mqtt_transport(tmp_pa
     with pytest.raises(ConfigError) as raised:
         load(path, check_models=False)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("change,chosen", [
+    ({}, "native"),  # the default config: protocol 5, qos 1, mqtt5 installed
+    ({"protocol": "3.1.1"}, "paho"),
+    ({"qos": 2}, "paho"),
+])
+def test_transport_auto_is_native_where_native_can_serve_else_paho(tmp_path, change, chosen):
+    from daemon.config.loader import load_config as load
+    from tests.integration.conftest import write_config
+
+    assert load(write_config(tmp_path, transport="auto", mqtt=change), check_models=False).mqtt.transport == chosen
+
+
+def test_transport_auto_is_paho_without_the_mqtt5_package(tmp_path, monkeypatch):
+    import importlib.util
+
+    from daemon.config.loader import load_config as load
+    from tests.integration.conftest import write_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mqtt5" else real(name, *a))
+    assert load(write_config(tmp_path, transport="auto"), check_models=False).mqtt.transport == "paho"
+    assert load(write_config(tmp_path), check_models=False).mqtt.transport == "paho"  # config.yaml says auto
