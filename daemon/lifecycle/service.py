@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 from daemon.cache.result_cache import ResultCache
 from daemon.config.loader import load_config
+from daemon.config.mqtt import NATIVE
 from daemon.config.schema import Config, WorkersConfig
 from daemon.errors import DaemonError
 from daemon.lifecycle import reload
@@ -315,7 +316,8 @@ class Service:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
         self._serving = wiring.build(route_pipelines(self.config, self._models), cache, self.stats,
                                      self.config.workers, self._worker_models, self.config.batching,
-                                     escalation_topic=self.config.mqtt.escalation_topic)
+                                     escalation_topic=self.config.mqtt.escalation_topic,
+                                     hold=self.config.mqtt.transport == NATIVE)  # native stops reading when full
 
     def _start_workers(self) -> None:
         self._serving.start()
@@ -324,11 +326,12 @@ class Service:
         self._serving.stop(self.config.workers.drain_timeout_s)
 
     def _connect(self) -> None:
+        options: dict = {"receive_maximum": receive_maximum(self.config.workers), "outbox": self._open_outbox()}
         link_type = MqttLink
-        if self.config.mqtt.transport == "native":  # imported only when chosen: mqtt5 has no wheel everywhere
+        if self.config.mqtt.transport == NATIVE:  # imported only when chosen: mqtt5 has no wheel everywhere
             from daemon.transport.native import NativeLink as link_type
-        self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst,
-                               receive_maximum=receive_maximum(self.config.workers), outbox=self._open_outbox())
+            options["may_read"] = self._serving.admission.has_room  # a full byte budget stops reading
+        self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst, **options)
         self._serving.attach(self._link)
         self._link.start()
 

@@ -3,7 +3,12 @@
 Deadlines decide shedding, not a guess. Neither bound is a message count (a burst of
 small requests that fits is served however many it holds):
 - memory: the bytes of queued requests stay within `workers.queue_mb`; past it a request
-  is answered `overloaded`;
+  is answered `overloaded`, unless the transport can stop reading (`hold`: the native link).
+  Then a QoS 1 request past the budget is queued anyway (the overshoot is at most the rest of
+  one read burst) and `has_room()` turns False, so the link reads nothing more until the
+  workers have taken the queue back below `RESUME_SHARE` of the budget: the backlog waits at
+  the broker, which holds it at QoS 1, instead of being answered `overloaded`. QoS 0
+  requests, which no broker holds, are still answered `overloaded` past the budget;
 - latency: a request whose own deadline (an MQTT v5 message expiry) would pass before a
   worker reaches it is answered `expired` at once. A request without a deadline is queued
   however long the predicted wait while the bytes fit: the broker holds the backlog
@@ -33,6 +38,8 @@ from daemon.errors import EXPIRED, OVERLOADED
 
 # Bytes a queued request holds beyond its payload (the Inbound, the Job, the queue slot).
 JOB_OVERHEAD_BYTES = 512
+# Reading resumes once the queued bytes are back below this share of the budget (a hold's hysteresis).
+RESUME_SHARE = 0.75
 # Weight kept by older batches at each new one: about the last 1/(1-0.98) = 50 batches count.
 FIT_DECAY = 0.98
 # Below this spread of batch sizes the line's slope is unknowable: use time per request.
@@ -96,9 +103,13 @@ class Admission:
     """The queue's memory and latency budget; thread-safe (paho thread admits, workers release)."""
 
     def __init__(self, budget_bytes: int, max_wait_s: Optional[float], workers: int, batch_size: int,
-                 clock: Callable[[], float] = time.monotonic):
-        """`max_wait_s`: None (the default config) sheds no request for its predicted wait alone."""
+                 clock: Callable[[], float] = time.monotonic, hold: bool = False):
+        """`max_wait_s`: None (the default config) sheds no request for its predicted wait alone.
+        `hold`: the transport stops reading while `has_room()` is False (module doc)."""
         self._budget = budget_bytes
+        self._hold = hold
+        self._full = False  # holding: the link reads nothing until the queue is back below RESUME_SHARE
+        self.holds = 0  # times the budget filled and reading stopped
         self._max_wait = max_wait_s
         self._workers = max(1, workers)
         self._batch_size = batch_size
@@ -116,12 +127,18 @@ class Admission:
     def predicted_wait_s(self) -> float:
         return self.queued_work_s / self._workers
 
-    def admit(self, route: str, payload_bytes: int, deadline: Optional[float] = None) -> Ticket | Refusal:
-        """A Ticket when the request may queue, else the Refusal to answer it with."""
+    def has_room(self) -> bool:
+        """False while holding (the budget filled): the link should read nothing more for now."""
+        return not self._full
+
+    def admit(self, route: str, payload_bytes: int, deadline: Optional[float] = None,
+              held_by_broker: bool = False) -> Ticket | Refusal:
+        """A Ticket when the request may queue, else the Refusal to answer it with. `held_by_broker`:
+        a QoS > 0 request, which the broker keeps while the link stops reading (module doc)."""
         nbytes = payload_bytes + JOB_OVERHEAD_BYTES
         with self._lock:
             wait = self.predicted_wait_s()
-            if self.queued_bytes + nbytes > self._budget:
+            if self.queued_bytes + nbytes > self._budget and not self._holding(held_by_broker):
                 return Refusal(OVERLOADED, f"queued requests hold {_kib(self.queued_bytes)} and this one "
                                f"{_kib(nbytes)}; the budget (workers.queue_mb) is {_kib(self._budget)}")
             if self._max_wait is not None and wait > self._max_wait:
@@ -134,11 +151,22 @@ class Admission:
             self.queued_work_s += cost
         return Ticket(nbytes, cost)
 
+    def _holding(self, held_by_broker: bool) -> bool:
+        """Past the budget: True when this request may queue anyway because reading stops (lock held)."""
+        if not (self._hold and held_by_broker):
+            return False
+        if not self._full:
+            self._full = True
+            self.holds += 1
+        return True
+
     def release(self, ticket: Ticket) -> None:
         """A worker took the request off the queue."""
         with self._lock:
             self.queued_bytes -= ticket.nbytes
             self.queued_work_s = max(0.0, self.queued_work_s - ticket.cost_s)
+            if self._full and self.queued_bytes <= self._budget * RESUME_SHARE:
+                self._full = False
 
     def observe(self, route: str, n: int, seconds: float) -> None:
         """A worker served n requests of `route` in `seconds` (decode to published replies)."""

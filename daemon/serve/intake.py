@@ -146,7 +146,7 @@ class Intake:
                 RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"),
                 tally)
             return None
-        verdict = self._admission.admit(route.name, len(inbound.payload), deadline)
+        verdict = self._admission.admit(route.name, len(inbound.payload), deadline, inbound.qos > 0)
         if isinstance(verdict, Refusal):
             self._shed(pipe, inbound, reply_topic, verdict, tally)
             return None

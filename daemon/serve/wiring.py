@@ -71,20 +71,23 @@ class Serving:
 
     def queue_state(self) -> dict:
         return {"depth": self.pool.depth, "busy": self.pool.busy, "bytes": self.admission.queued_bytes,
-                "predicted_wait_ms": round(self.admission.predicted_wait_s() * 1000.0, 1)}
+                "predicted_wait_ms": round(self.admission.predicted_wait_s() * 1000.0, 1),
+                "holds": self.admission.holds, "holding": not self.admission.has_room()}
 
 
 def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats, workers: WorkersConfig,
           make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
-          clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None) -> Serving:
-    """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests."""
+          clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None,
+          hold: bool = False) -> Serving:
+    """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. `hold`: the
+    transport stops reading while the byte budget is full (admission.py), instead of it shedding."""
     replier = Replier(stats)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
     reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
     max_wait_s = None if workers.max_wait_ms is None else workers.max_wait_ms / 1000.0
-    admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock)
+    admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock, hold)
     batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock)
     by_name = {p.route.name: p for p in pipes}
     pool: WorkerPool[Job, WorkerContext] = WorkerPool(

@@ -55,8 +55,12 @@ class NativeLink:
     """One MQTT v5 connection on the mqtt5 codec: status, intake of the given filters, replies, acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
-                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None,
+                 may_read: Callable[[], bool] = lambda: True):
+        """`may_read`: False while the daemon's byte budget is full; nothing more is read until it
+        is True again, so the backlog waits at the broker (serve/admission.py)."""
         self._config = config
+        self._may_read = may_read
         self._receive_maximum = receive_maximum
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_burst
@@ -291,7 +295,7 @@ class NativeLink:
     def _serve(self, conn: Connection) -> None:
         while not self._stop.is_set():
             self._send_out(conn)
-            readable, woken = conn.wait()
+            readable, woken = conn.wait(self._may_read())
             if woken:
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:

@@ -8,6 +8,10 @@ Keepalive as paho does it (`_check_keepalive`): once nothing has gone out, or no
 come in, for `keepalive_s`, a PINGREQ goes out; if no PINGRESP is back `keepalive_s` after
 it, the link is dead (a half-open TCP connection, a frozen broker) and is dropped, so the
 reconnect starts instead of waiting for the kernel's TCP timeout (minutes).
+
+Reading can be held (`wait(reads=False)`: the daemon's byte budget is full): the socket is
+then not watched for reads, so the broker's packets wait in the kernel and at the broker,
+and the loop looks again every `HELD_POLL_S`. An unanswered PINGREQ is read for even then.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ BURST_BYTES = 1 << 18
 # Time allowed to get the last bytes and the DISCONNECT out on a clean stop.
 GOODBYE_TIMEOUT_S = 2.0
 PINGREQ = mqtt5.PingReqPacket().write()
+# While reading is held, how often the loop asks again whether it may read.
+HELD_POLL_S = 0.005
 _SOCKET, _WAKE = "socket", "wake"
 
 
@@ -53,20 +59,27 @@ class Connection:
         self._selector.register(wake, selectors.EVENT_READ, _WAKE)
         self._unsent = bytearray()
         self._want_write = False
+        self._reading = True  # the socket is watched for reads (not held)
         self.last_in = self.last_out = clock()
         self._ping_at: Optional[float] = None
 
-    def wait(self) -> tuple[bool, bool]:
-        """Until the socket is readable, writable (when bytes wait), woken, or keepalive is due:
-        (readable, woken)."""
+    def wait(self, reads: bool = True) -> tuple[bool, bool]:
+        """Until the socket is readable (when `reads`, or a PINGREQ is unanswered), writable (when
+        bytes wait), woken, or keepalive is due: (readable, woken)."""
+        reads = reads or self._ping_at is not None
+        if reads != self._reading:
+            self._reading = reads
+            self._watch()
         timeout = max(0.0, self._next_check() - self._clock())
+        if not reads:
+            timeout = min(timeout, HELD_POLL_S)
         readable = woken = False
         for key, events in self._selector.select(timeout):
             if key.data == _WAKE:
                 woken = True
             elif events & selectors.EVENT_READ:
                 readable = True
-        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+        if reads and isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             readable = True  # decrypted bytes select() cannot see
         return readable, woken
 
@@ -151,5 +164,16 @@ class Connection:
     def _watch_writes(self, want: bool) -> None:
         if want != self._want_write:
             self._want_write = want
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            self._watch()
+
+    def _watch(self) -> None:
+        """Watch the socket for what is wanted now: reads unless held, writes while bytes wait."""
+        events = (selectors.EVENT_READ if self._reading else 0) | (selectors.EVENT_WRITE if self._want_write else 0)
+        registered = self._sock in self._selector.get_map()
+        if not events:
+            if registered:
+                self._selector.unregister(self._sock)
+        elif registered:
             self._selector.modify(self._sock, events, _SOCKET)
+        else:
+            self._selector.register(self._sock, events, _SOCKET)

@@ -196,6 +196,27 @@ def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp
     assert "label" in served
 
 
+def test_native_stops_reading_when_the_byte_budget_fills_and_answers_every_qos1_request_with_a_result(
+        tmp_path, client, start_daemon):
+    pytest.importorskip("mqtt5", reason="mqtt.transport: native needs the mqtt5 wheel")
+    # queue_mb 0.1 (~100 KiB) holds 3 appliance JSON requests (~28 KiB each) of a 200-request QoS 1 burst:
+    # the paho link answers the rest `overloaded` (the test above); the native one holds them at the broker.
+    config = write_config(tmp_path, transport="native", workers={"max": 1, "queue_mb": 0.1},
+                          cache={"enabled": False}, stats_interval_s=0.2)
+    start_daemon(config, wait_online=client)
+    client.subscribe("results/h1/appliance")
+    client.subscribe("edge-inferd/edge-inferd/stats")
+    x, _ = _samples("appliance")
+    n = 200
+    for i in range(n):
+        client.publish("plugs/h1/power", json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode(), qos=1)
+    replies = client.wait_json("results/h1/appliance", n)
+    assert sorted(r["id"] for r in replies) == list(range(n))
+    assert [r for r in replies if "error" in r] == []  # every one a result, none shed
+    stats = client.wait_json_until("edge-inferd/edge-inferd/stats", lambda s: s["results"] >= n)
+    assert stats["queue"]["holds"] >= 1 and stats["errors"] == {}
+
+
 def test_an_idle_daemon_stopped_by_sigterm_exits_0_and_leaves_a_retained_offline(tmp_path, broker, client,
                                                                                  start_daemon, transport):
     daemon = start_daemon(write_config(tmp_path, transport=transport), wait_online=client)

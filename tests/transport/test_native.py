@@ -290,3 +290,23 @@ def test_transport_auto_is_paho_without_the_mqtt5_package(tmp_path, monkeypatch)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mqtt5" else real(name, *a))
     assert load(write_config(tmp_path, transport="auto"), check_models=False).mqtt.transport == "paho"
     assert load(write_config(tmp_path), check_models=False).mqtt.transport == "paho"  # config.yaml says auto
+
+
+def test_a_held_connection_is_not_read_until_reading_is_allowed_again():
+    import socket
+
+    from daemon.transport.native_conn import Connection
+
+    ours, broker = socket.socketpair()
+    wake_r, wake_w = socket.socketpair()
+    try:
+        conn = Connection(ours, Frames(), wake_r, keepalive_s=30.0)
+        broker.sendall(mqtt5.PublishPacket("sensors/x/imu", b"{}", qos=mqtt5.QoS.AT_LEAST_ONCE,
+                                           packet_id=1).write())
+        assert conn.wait(reads=False) == (False, False)  # bytes wait in the kernel, unread
+        assert conn.wait(reads=False) == (False, False)
+        readable, _ = conn.wait(reads=True)
+        assert readable and [p.topic for p in conn.read()] == ["sensors/x/imu"]
+    finally:
+        for s in (ours, broker, wake_r, wake_w):
+            s.close()
