@@ -108,12 +108,12 @@ class MqttConfig:
     """TLS to the broker, hostname verified; null: plain TCP, unless `broker` is `mqtts://`."""
     outbox: OutboxConfig = OutboxConfig()
     """The on-disk outbox (daemon/transport/outbox.py)."""
-    transport: str = field(default=PAHO, metadata={"doc_default": AUTO})
-    """The MQTT client underneath: `native` (the `mqtt5` Rust codec, daemon/transport/native.py: about
-    half paho's CPU per request, docs/performance.md) or `paho` (paho-mqtt). Same delivery rules; native
-    needs protocol 5 and qos 0 or 1. `auto` (the default) is native where it can be (protocol 5, qos 0
-    or 1, the mqtt5 package installed: a default dependency on x86-64, aarch64 and armv7), else paho;
-    the start-up log names the one chosen."""
+    transport: str = PAHO
+    """The MQTT client underneath: `paho` (paho-mqtt, the default) or `native` (on trial: the `mqtt5`
+    Rust codec, daemon/transport/native.py, about half paho's CPU per request, and it stops reading
+    instead of shedding when `workers.queue_mb` is full; docs/performance.md says why it is not the
+    default yet). Same delivery rules; native needs protocol 5, qos 0 or 1 and
+    `pip install 'edge-inferd[native]'`. `auto`: native where it can be, else paho."""
     host: str = field(init=False, default="", metadata={"doc": False})
     port: int = field(init=False, default=0, metadata={"doc": False})
     tls_implied: bool = field(init=False, default=False, metadata={"doc": False})
@@ -243,7 +243,7 @@ def read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
 
 def _read_transport(r: Reader, m: Mapping, protocol: str, qos: object) -> str:
     """`paho` or `native` (`auto` resolved here); native speaks MQTT v5 only, QoS 0 or 1, and needs its package."""
-    transport = r.get(m, "transport", "mqtt", str, AUTO, choices=TRANSPORTS)
+    transport = r.get(m, "transport", "mqtt", str, MqttConfig.transport, choices=TRANSPORTS)
     if transport == AUTO:
         native = PROTOCOLS.get(protocol, 5) == 5 and qos != 2 and importlib.util.find_spec(NATIVE_PACKAGE) is not None
         return NATIVE if native else PAHO

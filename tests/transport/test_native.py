@@ -269,7 +269,7 @@ def test_config_check_refuses_what_native_cannot_do_naming_mqtt_transport(tmp_pa
 
 
 @pytest.mark.parametrize("change,chosen", [
-    ({}, "native"),  # the default config: protocol 5, qos 1, mqtt5 installed
+    ({}, "native"),  # protocol 5, qos 1, mqtt5 installed
     ({"protocol": "3.1.1"}, "paho"),
     ({"qos": 2}, "paho"),
 ])
@@ -289,7 +289,6 @@ def test_transport_auto_is_paho_without_the_mqtt5_package(tmp_path, monkeypatch)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mqtt5" else real(name, *a))
     assert load(write_config(tmp_path, transport="auto"), check_models=False).mqtt.transport == "paho"
-    assert load(write_config(tmp_path), check_models=False).mqtt.transport == "paho"  # config.yaml says auto
 
 
 def test_a_held_connection_is_not_read_until_reading_is_allowed_again():
