@@ -51,7 +51,8 @@ from daemon.config.schema import ANOMALY, CLASSIFY, VALUES, RouteConfig
 from daemon.config.loader import load_config
 from daemon.config.model_files import read_labels
 from daemon.errors import DaemonError
-from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
+from daemon.transport.link_common import STATUS_OFFLINE, STATUS_ONLINE
+from daemon.transport.mqtt import disable_nagle
 from daemon.model.runtime import Model
 
 QOS = 1

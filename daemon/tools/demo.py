@@ -38,7 +38,8 @@ from daemon.config.model_files import read_labels
 from daemon.model.runtime import open_interface
 from daemon.tools import demo_camera
 from daemon.tools.demo_kinds import RouteRun, answer_line, sample_indices, summary_line
-from daemon.transport.mqtt import STATUS_OFFLINE, STATUS_ONLINE, disable_nagle
+from daemon.transport.link_common import STATUS_OFFLINE, STATUS_ONLINE
+from daemon.transport.mqtt import disable_nagle
 
 _DEVICE = "demo-1"  # fills each '+' of a route's filter
 _READY_TIMEOUT_S = 60.0

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sqlite3
 import threading
 import time
 from contextlib import AbstractContextManager
@@ -59,6 +58,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config.mqtt import MqttConfig
 from daemon.transport.inbound import Inbound
+from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
@@ -70,8 +70,6 @@ logger = logging.getLogger(__name__)
 # Time allowed to get the retained `offline` status out on a stop.
 OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 
-STATUS_ONLINE = b"online"
-STATUS_OFFLINE = b"offline"
 _STATUS_QOS = 1
 _FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
@@ -94,7 +92,7 @@ def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
 
-class MqttLink:
+class MqttLink(LinkCommon):
     """One paho client: status, intake of the given filters, replies and acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
@@ -160,19 +158,8 @@ class MqttLink:
         if self._flusher is not None:
             self._flusher.start()
 
-    def open_intake(self) -> None:
-        """Subscribe now if connected, and on every (re)connect; then announce `online`."""
-        self._subscribing.set()
-        if self.connected.is_set():
-            self._subscribe()
-
-    def close_intake(self) -> None:
-        """Stop handing on requests; what arrives now stays unacked. A persistent session keeps
-        the subscriptions, so the broker holds (and redelivers) requests for the next run."""
-        self._accepting.clear()
-        self._subscribing.clear()
-        if self.connected.is_set() and self._filters and not self._config.persistent:
-            self._client.unsubscribe(list(self._filters))
+    def _unsubscribe(self) -> None:
+        self._client.unsubscribe(list(self._filters))
 
     def _subscribe(self) -> None:
         if self._filters:
@@ -185,13 +172,6 @@ class MqttLink:
                 self._client.subscribe([(f, qos) for f in self._filters])
         else:
             self._announce_online()
-
-    def _announce_online(self) -> None:
-        """`online` once subscribed (after SUBACK): never while requests would go unheard."""
-        if self.online.is_set():
-            self.reconnects += 1
-        self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
-        self.online.set()
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -275,16 +255,9 @@ class MqttLink:
 
     def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
         """Publish a request's reply, and ack the request once the broker has the reply. While
-        the broker is away the reply goes to the outbox, and the request stays unacked: the
-        broker redelivers it on reconnect (a duplicate reply, cheap through the cache)."""
-        if self.outbox is not None and not self.connected.is_set():
-            try:
-                self.outbox.put_many([(topic, payload, inbound.correlation_data)])
-                self._flusher.wake()
-                return
-            except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: paho's memory holds it instead
-                self._log.warning("outbox", "outbox %s: %s; the reply waits in memory", self.outbox.path, exc)
-        self._publish(topic, payload, False, inbound.correlation_data, inbound)
+        the broker is away the reply goes to the outbox (link_common.py)."""
+        if not self._stored_while_away(topic, payload, inbound.correlation_data):
+            self._publish(topic, payload, False, inbound.correlation_data, inbound)
 
     def _flush(self, row: Row) -> None:
         """The outbox flusher's thread: hand one stored reply to paho; removed on its PUBACK."""
@@ -324,13 +297,6 @@ class MqttLink:
         """Publishes the broker has not confirmed yet, held by paho for resending."""
         return self._safe.pending
 
-    def outbox_state(self) -> dict:
-        """The stats' `outbox`: paho's unconfirmed publishes, and the on-disk outbox's rows."""
-        state = {"unconfirmed": self.unconfirmed_replies}
-        if self.outbox is not None:
-            state.update(self.outbox.snapshot())
-        return state
-
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""
         return self._client.quiet_wakeups()
@@ -354,22 +320,9 @@ class MqttLink:
                 logger.warning("could not publish offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
-        if self.outbox is not None:
-            try:
-                self._spill()
-            except (OSError, sqlite3.Error) as exc:
-                logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
-                             "redelivered by the broker", self.outbox.path, exc)
-            self.outbox.close()
+        self._close_outbox()
 
-    def _spill(self) -> None:
-        """paho's unconfirmed replies -> the outbox. paho keeps only QoS 1 and 2 publishes, each
-        registered with its owner: a reply's is its request; status, stats, a stored outbox row
-        and an escalation request to a far tier are not replies to send again next run."""
+    def _unconfirmed_rows(self) -> list[StoredReply]:
+        """paho keeps only QoS 1 and 2 publishes, each registered with its owner: a reply's is its request."""
         left = [m for m in self._client.drop_out_messages() if isinstance(self._safe.owner(m.mid), Inbound)]
-        if left:
-            kept = self.outbox.put_many([(m.topic, m.payload, getattr(m.properties, "CorrelationData", None))
-                                         for m in left])
-            logger.warning("%d unconfirmed repl%s kept in the outbox %s for the next run%s", kept,
-                           "y" if kept == 1 else "ies", self.outbox.path,
-                           f" ({len(left) - kept} did not fit)" if kept < len(left) else "")
+        return [(m.topic, m.payload, getattr(m.properties, "CorrelationData", None)) for m in left]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sqlite3
 import threading
 import time
 from contextlib import AbstractContextManager
@@ -36,8 +35,9 @@ from daemon.config.mqtt import MqttConfig
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.transport import native_wire as wire
 from daemon.transport.inbound import Inbound
+from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
-from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW, STATUS_OFFLINE, STATUS_ONLINE
+from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW
 from daemon.transport.native_conn import Connection, Dead
 from daemon.transport.native_wake import Wakeup
 from daemon.transport.native_window import Out, PublishWindow
@@ -51,7 +51,7 @@ JOIN_MARGIN_S = 1.0
 DISCONNECT = mqtt5.DisconnectPacket().write()
 
 
-class NativeLink:
+class NativeLink(LinkCommon):
     """One MQTT v5 connection on the mqtt5 codec: status, intake of the given filters, replies, acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
@@ -98,21 +98,10 @@ class NativeLink:
         if self._flusher is not None:
             self._flusher.start()
 
-    def open_intake(self) -> None:
-        """Subscribe now if connected, and on every (re)connect; then announce `online`."""
-        self._subscribing.set()
-        if self.connected.is_set():
-            self._subscribe()
-
-    def close_intake(self) -> None:
-        """Stop handing on requests; what arrives now stays unacked. A persistent session keeps
-        the subscriptions, so the broker holds (and redelivers) requests for the next run."""
-        self._accepting.clear()
-        self._subscribing.clear()
-        if self.connected.is_set() and self._filters and not self._config.persistent:
-            with self._lock:
-                self._write(mqtt5.UnsubscribePacket(self._window.new_id(), list(self._filters)).write())
-            self._wakeup.kick()
+    def _unsubscribe(self) -> None:
+        with self._lock:
+            self._write(mqtt5.UnsubscribePacket(self._window.new_id(), list(self._filters)).write())
+        self._wakeup.kick()
 
     def publish(self, topic: str, payload: bytes, retain: bool = False, correlation_data: Optional[bytes] = None,
                 response_topic: Optional[str] = None) -> None:
@@ -122,15 +111,9 @@ class NativeLink:
 
     def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
         """Publish a request's reply, and ack the request once the broker has the reply. While
-        the broker is away the reply goes to the outbox, and the request stays unacked."""
-        if self.outbox is not None and not self.connected.is_set():
-            try:
-                self.outbox.put_many([(topic, payload, inbound.correlation_data)])
-                self._flusher.wake()
-                return
-            except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: memory holds it instead
-                self._log.warning("outbox", "outbox %s: %s; the reply waits in memory", self.outbox.path, exc)
-        self._publish(Out(topic, payload, False, inbound.correlation_data, None, inbound))
+        the broker is away the reply goes to the outbox (link_common.py)."""
+        if not self._stored_while_away(topic, payload, inbound.correlation_data):
+            self._publish(Out(topic, payload, False, inbound.correlation_data, None, inbound))
 
     def ack(self, inbound: Inbound) -> None:
         """Acknowledge a request once its reply is published (no-op for QoS 0)."""
@@ -152,12 +135,6 @@ class NativeLink:
         """Publishes the broker has not confirmed yet (in flight or queued behind the window)."""
         return self._window.pending
 
-    def outbox_state(self) -> dict:
-        state = {"unconfirmed": self.unconfirmed_replies}
-        if self.outbox is not None:
-            state.update(self.outbox.snapshot())
-        return state
-
     def stop(self, timeout_s: float = OFFLINE_PUBLISH_TIMEOUT_S) -> None:
         """Publish the retained `offline`, wait for it briefly, disconnect; then keep the replies
         the broker has not confirmed in the outbox, for the next run."""
@@ -173,13 +150,7 @@ class NativeLink:
         self._wakeup.wake()
         if self._thread.ident is not None:
             self._thread.join(wire.CONNECT_TIMEOUT_S + JOIN_MARGIN_S)
-        if self.outbox is not None:
-            try:
-                self._spill()
-            except (OSError, sqlite3.Error) as exc:
-                logger.error("outbox %s: cannot keep the unconfirmed replies (%s); their requests are "
-                             "redelivered by the broker", self.outbox.path, exc)
-            self.outbox.close()
+        self._close_outbox()
         self._wakeup.close()
 
     # -- publishing (any thread) --
@@ -228,16 +199,10 @@ class NativeLink:
         elif isinstance(owner, threading.Event):
             owner.set()
 
-    def _spill(self) -> None:
-        """Unconfirmed replies -> the outbox. Status, stats, a stored outbox row and an escalation
-        request to a far tier are not replies to send again next run (as mqtt.MqttLink._spill)."""
+    def _unconfirmed_rows(self) -> list[StoredReply]:
         with self._lock:
             left = [o for o in self._window.take_all() if isinstance(o.owner, Inbound)]
-        if left:
-            kept = self.outbox.put_many([(o.topic, o.payload, o.correlation_data) for o in left])
-            logger.warning("%d unconfirmed repl%s kept in the outbox %s for the next run%s", kept,
-                           "y" if kept == 1 else "ies", self.outbox.path,
-                           f" ({len(left) - kept} did not fit)" if kept < len(left) else "")
+        return [(o.topic, o.payload, o.correlation_data) for o in left]
 
     # -- the network thread --
 
@@ -344,13 +309,6 @@ class NativeLink:
             self._sub_mid = self._window.new_id()
             self._write(mqtt5.SubscribePacket(self._sub_mid, filters).write())
         self._wakeup.kick()
-
-    def _announce_online(self) -> None:
-        """`online` once subscribed (after SUBACK): never while requests would go unheard."""
-        if self.online.is_set():
-            self.reconnects += 1
-        self.publish(self._config.status_topic, STATUS_ONLINE, retain=True)
-        self.online.set()
 
     def _handle(self, packets: list) -> None:
         """One read burst: PUBACKs complete what waited, requests go to intake in one call."""
