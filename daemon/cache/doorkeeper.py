@@ -53,22 +53,9 @@ class Doorkeeper:
         bits = self._mask + 1
         return (1.0 - math.exp(-HASHES * self.capacity / bits)) ** HASHES
 
-    def __contains__(self, key: bytes) -> bool:
-        """Whether `key` is within the window, without remembering it (seen() does both at once)."""
-        h = int.from_bytes(key, "little")
-        current, previous, mask = self._current, self._previous, self._mask
-        in_current = in_previous = True
-        for i in range(HASHES):
-            index = (h >> (i * _WORD_BITS)) & mask
-            byte, bit = index >> 3, 1 << (index & 7)
-            in_current = in_current and bool(current[byte] & bit)
-            in_previous = in_previous and bool(previous[byte] & bit)
-            if not (in_current or in_previous):
-                return False
-        return True
-
-    def seen(self, key: bytes) -> bool:
-        """True when `key` was offered before (within the window); else remember it and say False."""
+    def _probe(self, key: bytes, remember: bool) -> tuple[bool, bool]:
+        """Whether the current and the previous generation hold `key`; with `remember`, it is set
+        in the current one. One walk over its HASHES bits, each from its own 32-bit word of the key."""
         h = int.from_bytes(key, "little")
         current, previous, mask = self._current, self._previous, self._mask
         in_current = in_previous = True
@@ -77,9 +64,20 @@ class Doorkeeper:
             byte, bit = index >> 3, 1 << (index & 7)
             if not current[byte] & bit:
                 in_current = False
-                current[byte] |= bit
-            if in_previous and not previous[byte] & bit:
+                if remember:
+                    current[byte] |= bit
+            if not previous[byte] & bit:
                 in_previous = False
+        return in_current, in_previous
+
+    def __contains__(self, key: bytes) -> bool:
+        """Whether `key` is within the window, without remembering it (seen() does both at once)."""
+        in_current, in_previous = self._probe(key, remember=False)
+        return in_current or in_previous
+
+    def seen(self, key: bytes) -> bool:
+        """True when `key` was offered before (within the window); else remember it and say False."""
+        in_current, in_previous = self._probe(key, remember=True)
         if not in_current:  # now it is: a key found only in the previous generation is carried over
             self._added += 1
             if self._added >= self.capacity:
