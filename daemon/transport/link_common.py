@@ -19,6 +19,7 @@ from daemon.transport.outbox import Outbox, OutboxFlusher
 
 logger = logging.getLogger(__name__)
 
+FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 # A stored reply: topic, payload, CorrelationData.
@@ -52,6 +53,16 @@ class LinkCommon:
         self._subscribing.clear()
         if self.connected.is_set() and self._filters and not self._config.persistent:
             self._unsubscribe()
+
+    def _subscribed(self, codes: Sequence[tuple[int, str]]) -> None:
+        """The SUBACK's (reason code, its words) per filter: each refusal logged; `online` unless all were."""
+        refused = 0
+        for topic_filter, (code, text) in zip(self._filters, codes, strict=False):
+            if code >= FAILURE_THRESHOLD:
+                refused += 1
+                logger.error("broker refused the subscription to %r: %s", topic_filter, text)
+        if refused < len(self._filters) and self._subscribing.is_set():
+            self._announce_online()
 
     def _announce_online(self) -> None:
         """`online` once subscribed (after SUBACK): never while requests would go unheard."""

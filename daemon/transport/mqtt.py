@@ -71,7 +71,6 @@ logger = logging.getLogger(__name__)
 OFFLINE_PUBLISH_TIMEOUT_S = 2.0
 
 _STATUS_QOS = 1
-_FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # Replies (QoS > 0) in flight to the broker at once when no ReceiveMaximum is given.
 REPLY_WINDOW = 1024
 # Requests handed to intake in one call at most: a long burst is handed on in parts, so the
@@ -196,13 +195,7 @@ class MqttLink(LinkCommon):
             self._health.dropped(getattr(reason_code, "value", reason_code), reason_code)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
-        refused = 0
-        for topic_filter, code in zip(self._filters, reason_codes, strict=False):
-            if code.value >= _FAILURE_THRESHOLD:
-                refused += 1
-                logger.error("broker refused the subscription to %r: %s", topic_filter, code)
-        if refused < len(self._filters) and self._subscribing.is_set():
-            self._announce_online()
+        self._subscribed([(code.value, str(code)) for code in reason_codes])
 
     def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
         try:

@@ -35,7 +35,7 @@ from daemon.config.mqtt import MqttConfig
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.transport import native_wire as wire
 from daemon.transport.inbound import Inbound
-from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
+from daemon.transport.link_common import FAILURE_THRESHOLD, STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW
 from daemon.transport.native_conn import Connection, Dead
@@ -45,7 +45,6 @@ from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
 
 logger = logging.getLogger(__name__)
-_FAILURE_THRESHOLD = 0x80  # MQTT reason codes >= 0x80 are failures
 # stop() waits this much longer than a connect may take for the network thread to end.
 JOIN_MARGIN_S = 1.0
 DISCONNECT = mqtt5.DisconnectPacket().write()
@@ -234,7 +233,7 @@ class NativeLink(LinkCommon):
             sock.close()
             self._health.connect_failed(exc, self._config.host, self._config.port)
             return None
-        if int(connack.reason_code) >= _FAILURE_THRESHOLD:  # mqtt5's enums are not ints
+        if int(connack.reason_code) >= FAILURE_THRESHOLD:  # mqtt5's enums are not ints
             sock.close()
             self._health.refused(int(connack.reason_code), wire.reason_text(connack.reason_code))
             return None
@@ -367,10 +366,4 @@ class NativeLink(LinkCommon):
     def _on_suback(self, packet: mqtt5.SubAckPacket) -> None:
         if packet.packet_id != self._sub_mid:
             return  # an earlier SUBSCRIBE of this connection (open_intake raced a reconnect)
-        refused = 0
-        for topic_filter, code in zip(self._filters, packet.reason_codes, strict=False):
-            if int(code) >= _FAILURE_THRESHOLD:
-                refused += 1
-                logger.error("broker refused the subscription to %r: %s", topic_filter, wire.reason_text(code))
-        if refused < len(self._filters) and self._subscribing.is_set():
-            self._announce_online()
+        self._subscribed([(int(code), wire.reason_text(code)) for code in packet.reason_codes])
