@@ -184,7 +184,7 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from daemon.obs.status import fetch, render
+    from daemon.tools.status import fetch, render
 
     try:
         nodes = fetch(args.broker, args.client_id)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from daemon.tools.bench.load import json_line  # noqa: E402
 from daemon.tools.bench.phases import start_daemon  # noqa: E402
 from daemon.tools.broker import Broker  # noqa: E402
-from daemon.transport.mqtt import disable_nagle  # noqa: E402
+from daemon.transport.mqtt import disable_nagle, stop_loop  # noqa: E402
 
 CLIENT_ID = "faults"
 REQUEST_TOPIC = "sensors/f1/imu"
@@ -90,7 +90,7 @@ class PersistentClient:
 
     def close(self) -> None:
         self.c.disconnect()
-        self.c.loop_stop()
+        stop_loop(self.c)
 
 
 def payloads(n: int) -> list[bytes]:

@@ -52,7 +52,7 @@ from daemon.config.loader import load_config
 from daemon.config.model_files import read_labels
 from daemon.errors import DaemonError
 from daemon.transport.link_common import STATUS_OFFLINE, STATUS_ONLINE
-from daemon.transport.mqtt import disable_nagle
+from daemon.transport.mqtt import disable_nagle, stop_loop
 from daemon.model.runtime import Model
 
 QOS = 1
@@ -219,7 +219,7 @@ def _rawpub(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     print(json.dumps({"published": len(infos), "seconds": round(elapsed, 4)}), flush=True)
     client.disconnect()
-    client.loop_stop()
+    stop_loop(client)
 
 
 def main(argv: list[str] | None = None) -> None:

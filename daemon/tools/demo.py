@@ -39,7 +39,7 @@ from daemon.model.runtime import open_interface
 from daemon.tools import demo_camera
 from daemon.tools.demo_kinds import RouteRun, answer_line, sample_indices, summary_line
 from daemon.transport.link_common import STATUS_OFFLINE, STATUS_ONLINE
-from daemon.transport.mqtt import disable_nagle
+from daemon.transport.mqtt import disable_nagle, stop_loop
 
 _DEVICE = "demo-1"  # fills each '+' of a route's filter
 _READY_TIMEOUT_S = 60.0
@@ -123,7 +123,7 @@ class Replayer:
 
     def close(self) -> None:
         self._client.disconnect()
-        self._client.loop_stop()
+        stop_loop(self._client)
 
 
 def _route_runs(config: Config, limit: int, camera: Optional[Path]) -> dict[str, RouteRun]:

@@ -87,6 +87,16 @@ def disable_nagle(sock: object) -> None:
         logger.debug("TCP_NODELAY not set: %s", exc)
 
 
+def stop_loop(client: paho.Client, timeout_s: Optional[float] = None) -> None:
+    """`loop_stop()` without its race (eclipse-paho #872): paho's thread sets `_thread = None` as it
+    ends, which can fall between loop_stop's None check and its `join()` (an AttributeError, seen
+    on a slow machine right after `disconnect()`). The thread is taken once, then joined."""
+    thread = client._thread
+    client._thread_terminate = True
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout_s)
+
+
 def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
@@ -312,7 +322,7 @@ class MqttLink(LinkCommon):
             except (RuntimeError, ValueError) as exc:
                 logger.warning("could not publish offline status: %s", exc)
         self._client.disconnect()
-        self._client.loop_stop()
+        stop_loop(self._client)
         self._close_outbox()
 
     def _unconfirmed_rows(self) -> list[StoredReply]:

@@ -29,7 +29,7 @@ from paho.mqtt.properties import Properties
 
 from daemon.tools.broker import Broker, end_process
 from daemon.config.reader import absolute_paths
-from daemon.transport.mqtt import disable_nagle
+from daemon.transport.mqtt import disable_nagle, stop_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0
@@ -125,7 +125,7 @@ class Client:
 
     def close(self) -> None:
         self.c.disconnect()
-        self.c.loop_stop()
+        stop_loop(self.c)
 
 
 @pytest.fixture

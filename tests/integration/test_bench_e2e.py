@@ -6,7 +6,9 @@ Counts only: timings on a shared machine decide nothing here.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -38,10 +40,25 @@ def _all_answered(row: dict, sent: int, overload: bool = False) -> None:
         assert row["lost"] == 0, row
 
 
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """`edge-inferd bench e2e ARGS` in a session of its own. On a timeout the whole session is
+    killed, the bench's mosquitto, daemons and C clients with it (subprocess.run's timeout kills
+    only the bench, and left them running for the rest of the suite)."""
+    cmd = [sys.executable, "-m", "daemon", "bench", "e2e", *args]
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=BENCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"bench e2e {' '.join(args)} ran past {BENCH_TIMEOUT_S}s: {stderr[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def test_bench_e2e_quick(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "daemon", "bench", "e2e", "--quick", "--requests", str(REQUESTS),
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    proc = run_bench("--quick", "--requests", str(REQUESTS), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "bench-e2e.json").read_text())
     names = [c.name for c in CONSUMERS]
@@ -67,8 +84,7 @@ def test_bench_e2e_quick(tmp_path):
 
 def _bench(tmp_path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "daemon", "bench", "e2e", "--quick", "--out", str(out), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    proc = run_bench("--quick", "--out", str(out), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "bench-e2e.json").read_text()), proc.stdout
 

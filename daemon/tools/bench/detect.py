@@ -33,7 +33,7 @@ from daemon.tools.bench.phases import start_daemon
 from daemon.tools.demo_camera import COCO_LABELS, SSD
 from daemon.tools.demo_camera import PHOTOS as CAMERA_PHOTOS
 from daemon.tools.broker import end_process
-from daemon.transport.mqtt import disable_nagle
+from daemon.transport.mqtt import disable_nagle, stop_loop
 
 # The demo's camera files (demo_camera.py): the SSD, its labels, and each photo with its subject.
 LABELS = COCO_LABELS
@@ -200,7 +200,7 @@ class Publisher:
 
     def close(self) -> None:
         self._client.disconnect()
-        self._client.loop_stop()
+        stop_loop(self._client)
 
 
 # ---------------------------------------------------------------------------------------------

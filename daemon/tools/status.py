@@ -16,6 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon.config.mqtt import parse_broker
 from daemon.errors import ConfigError
+from daemon.transport.mqtt import stop_loop
 
 # The retained messages are complete once nothing new came for this long.
 QUIET_S = 0.5
@@ -63,7 +64,7 @@ def fetch(broker: str, client_id: Optional[str], timeout_s: float = TIMEOUT_S) -
                 break
     finally:
         client.disconnect()
-        client.loop_stop()
+        stop_loop(client)
     return nodes
 
 
