@@ -15,6 +15,7 @@ import numpy as np
 
 from tests.integration.conftest import (ROOT, WAIT_S, Client, Daemon, activity_payloads, burst, wait_unique_ids,
                                         write_config)
+from tests.integration.mqtt_proxy import CuttingProxy
 
 
 def _appliance_payloads(n: int) -> list[bytes]:
@@ -233,4 +234,39 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     assert not missing, (sorted(missing)[:10], second.log()[-3000:])
     assert second.stop() == 0, second.log()
     assert second.final_stats()["outbox"]["flushed"] == stats["outbox"]["stored"]
+    collector.close()
+
+def test_a_flushed_reply_leaves_the_outbox_only_with_its_puback(tmp_path, broker, start_daemon, transport):
+    """Replies stored in the outbox (as above) are handed on by the next run, and the broker drops
+    that connection before any PUBACK (a relay swallows the first reply and cuts both sides, then
+    stays unreachable); that run is stopped while cut off. The rows must still be on disk: a run
+    that deleted a row when it handed it on, before the PUBACK, loses every reply it handed.
+    The run after that, connected, delivers every reply."""
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False}, workers={"max": 1},
+                          batching={"max_batch": 1}, mqtt={"session_expiry_s": 0})
+    collector = Client(broker, client_id="collector-p", persistent=True)
+    collector.c.reconnect_delay_set(1, 1)
+    first = start_daemon(config, wait_online=collector)
+    collector.subscribe("results/p1/appliance")
+    burst(collector, "plugs/p1/power", _appliance_payloads(300))
+    collector.wait_count("results/p1/appliance", 5)
+    broker.stop()
+    assert first.stop() == 0, first.log()
+    stats = first.final_stats()
+    stored, received = stats["outbox"]["stored"], stats["counts"]["received"]
+    assert stored > 0 and stats["outbox"]["dropped"] == 0, stats["outbox"]
+    broker.start()
+    with CuttingProxy(broker.port, cut_prefix="results/") as proxy:
+        cut_off = Daemon(config, proxy.address, tmp_path / "daemon-cut-off.log")
+        try:
+            assert proxy.cut.wait(WAIT_S), cut_off.log()[-3000:]  # a stored reply was handed on, then the cut
+        finally:
+            assert cut_off.stop() == 0, cut_off.log()
+    assert cut_off.final_stats()["outbox"]["stored"] == stored, cut_off.log()[-3000:]
+    last = start_daemon(config)
+    replies = wait_unique_ids(collector, "results/p1/appliance", received)
+    missing = set(range(received)) - {r["id"] for r in replies}
+    assert not missing, (sorted(missing)[:10], last.log()[-3000:])
+    assert last.stop() == 0, last.log()
+    assert last.final_stats()["outbox"]["flushed"] == stored
     collector.close()
