@@ -326,7 +326,8 @@ class Service:
         self._serving.stop(self.config.workers.drain_timeout_s)
 
     def _connect(self) -> None:
-        options: dict = {"receive_maximum": receive_maximum(self.config.workers), "outbox": self._open_outbox()}
+        options: dict = {"receive_maximum": receive_maximum(self.config.workers), "outbox": self._open_outbox(),
+                         "largest_request": max((r.input.max_bytes for r in self.config.routes), default=0)}
         link_type = MqttLink
         if self.config.mqtt.transport == NATIVE:  # imported only when chosen: mqtt5 has no wheel everywhere
             from daemon.transport.native import NativeLink as link_type

@@ -57,6 +57,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config.mqtt import MqttConfig
+from daemon.transport.broker_grants import NO_RECEIVE_LIMIT, GrantLog, Grants
 from daemon.transport.inbound import Inbound
 from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
@@ -97,6 +98,15 @@ def stop_loop(client: paho.Client, timeout_s: Optional[float] = None) -> None:
         thread.join(timeout_s)
 
 
+def _grants(flags: object, properties: Optional[Properties]) -> Grants:
+    """paho's CONNACK flags and properties (a property the broker left out is not an attribute)."""
+    return Grants(session_present=bool(getattr(flags, "session_present", False)),
+                  session_expiry_s=getattr(properties, "SessionExpiryInterval", None),
+                  receive_maximum=getattr(properties, "ReceiveMaximum", NO_RECEIVE_LIMIT),
+                  maximum_packet_size=getattr(properties, "MaximumPacketSize", None),
+                  shared_subscriptions=bool(getattr(properties, "SharedSubscriptionAvailable", 1)))
+
+
 def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
@@ -105,9 +115,12 @@ class MqttLink(LinkCommon):
     """One paho client: status, intake of the given filters, replies and acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
-                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None):
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None, largest_request: int = 0):
+        """`largest_request`: the largest request payload a route accepts, checked against the broker's
+        Maximum Packet Size (broker_grants.py)."""
         self._config = config
         self._receive_maximum = receive_maximum
+        self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_burst  # the requests of one read burst, in order (one hand-off, not one per message)
         self._burst: list[Inbound] = []  # the read burst so far (paho's loop thread only)
@@ -188,6 +201,7 @@ class MqttLink(LinkCommon):
             return
         logger.info("connected to %s", self._config.url)
         self._health.connected()
+        self._grants.connack(_grants(flags, properties))
         disable_nagle(client.socket())
         self.connected.set()
         if self._flusher is not None:

@@ -34,6 +34,7 @@ import mqtt5
 from daemon.config.mqtt import MqttConfig
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.transport import native_wire as wire
+from daemon.transport.broker_grants import GrantLog, Grants
 from daemon.transport.inbound import Inbound
 from daemon.transport.link_common import FAILURE_THRESHOLD, STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
@@ -55,10 +56,12 @@ class NativeLink(LinkCommon):
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
                  receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None,
-                 may_read: Callable[[], bool] = lambda: True):
+                 may_read: Callable[[], bool] = lambda: True, largest_request: int = 0):
         """`may_read`: False while the daemon's byte budget is full; nothing more is read until it
-        is True again, so the backlog waits at the broker (serve/admission.py)."""
+        is True again, so the backlog waits at the broker (serve/admission.py). `largest_request`:
+        as mqtt.MqttLink's."""
         self._config = config
+        self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
         self._may_read = may_read
         self._receive_maximum = receive_maximum
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
@@ -278,6 +281,8 @@ class NativeLink(LinkCommon):
         """A good CONNACK: resend what was in flight, then subscribe (again)."""
         logger.info("connected to %s", self._config.url)
         self._health.connected()
+        self._grants.connack(Grants(connack.session_present, connack.session_expiry_interval, connack.receive_max,
+                                    connack.max_packet_size, connack.shared_subscription_available))
         with self._lock:
             self._out = []
             self._window.limit = max(1, min(self._receive_maximum or REPLY_WINDOW, connack.receive_max))

@@ -1,0 +1,39 @@
+"""What the broker refuses or grants short is named in the daemon's start-up log (issue 19, point 2).
+
+Each test starts a real broker configured to grant less, and reads the daemon's log; the
+daemon must still come online and answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.tools.broker import Broker
+from tests.integration.conftest import Client, Daemon, activity_payloads, write_config
+
+
+@pytest.fixture
+def small_broker(tmp_path):
+    """mosquitto taking packets of at most 20,000 bytes and 10 publishes in flight per client."""
+    with Broker(tmp_path / "broker", settings={"max_packet_size": "20000", "max_inflight_messages": "10"}) as b:
+        yield b
+
+
+def test_a_small_packet_limit_and_reply_window_are_named_at_start_up(tmp_path, small_broker, transport):
+    config = write_config(tmp_path, transport=transport)
+    client = Client(small_broker)
+    daemon = Daemon(config, small_broker.address, tmp_path / "daemon.log")
+    try:
+        client.subscribe("edge-inferd/edge-inferd/status")
+        client.wait_payload("edge-inferd/edge-inferd/status", b"online")
+        client.subscribe("results/g1/activity")
+        client.publish("sensors/g1/imu", activity_payloads(1)[0])
+        [reply] = client.wait_json("results/g1/activity")
+        assert "label" in reply  # still serving
+        log = daemon.log()
+        assert f"broker mqtt://{small_broker.address} takes packets of at most 20000 bytes" in log, log[-3000:]
+        assert "input.max_bytes" in log
+        assert "takes 10 replies in flight" in log, log[-3000:]
+    finally:
+        daemon.stop()
+        client.close()
