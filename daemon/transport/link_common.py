@@ -61,7 +61,10 @@ class LinkCommon:
             if code >= FAILURE_THRESHOLD:
                 refused += 1
                 logger.error("broker refused the subscription to %r: %s", topic_filter, text)
-        if refused < len(self._filters) and self._subscribing.is_set():
+        if refused and refused == len(self._filters):
+            logger.error("broker refused every subscription: this daemon serves nothing and stays offline "
+                         "(check mqtt.share_group and the broker's ACLs); it subscribes again at every reconnect")
+        elif refused < len(self._filters) and self._subscribing.is_set():
             self._announce_online()
 
     def _announce_online(self) -> None:

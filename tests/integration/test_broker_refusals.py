@@ -37,3 +37,4 @@ def test_a_small_packet_limit_and_reply_window_are_named_at_start_up(tmp_path, s
     finally:
         daemon.stop()
         client.close()
+
