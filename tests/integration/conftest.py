@@ -28,6 +28,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.tools.broker import Broker, end_process
+from tests.integration import brokers
 from daemon.config.reader import absolute_paths
 from daemon.transport.mqtt import disable_nagle, stop_loop
 
@@ -48,9 +49,34 @@ def transport(request) -> str:
     return request.param
 
 
+def pytest_generate_tests(metafunc):
+    """A test marked `brokers(*features)` runs on every broker of brokers.KINDS (skipped with the
+    reason where one is missing or lacks a feature), over the default transport on the others."""
+    marker = metafunc.definition.get_closest_marker("brokers")
+    if marker is None or "broker" not in metafunc.fixturenames:
+        return
+    params = []
+    for name in brokers.KINDS:
+        reason = brokers.skip_reason(name, marker.args)
+        params.append(pytest.param(name, id=name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    metafunc.parametrize("broker", params, indirect=True)
+
+
+def pytest_collection_modifyitems(items):
+    """Other brokers run over the default transport only (brokers.py says why)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec and callspec.params.get("broker", brokers.MOSQUITTO) != brokers.MOSQUITTO \
+                and callspec.params.get("transport", "paho") != "paho":
+            item.add_marker(pytest.mark.skip(reason="other brokers run over the default transport (paho) only"))
+
+
 @pytest.fixture
-def broker(tmp_path):
-    with Broker(tmp_path / "broker") as b:
+def broker(request, tmp_path):
+    """mosquitto, or the broker a `brokers`-marked test is parametrized with; `.kind` names it."""
+    name = getattr(request, "param", brokers.MOSQUITTO)
+    with brokers.KINDS[name].make(tmp_path / "broker") as b:
+        b.kind = name
         yield b
 
 
@@ -64,6 +90,8 @@ class Client:
         self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         self.c.on_message = self._on_message
         self.c.on_connect = lambda client, *a: disable_nagle(client.socket())
+        if getattr(broker, "username", None):  # a broker that takes registered users only (ejabberd)
+            self.c.username_pw_set(broker.username, broker.password)
         options: dict = {}
         if persistent:
             props = Properties(PacketTypes.CONNECT)
@@ -209,12 +237,21 @@ class Daemon:
         return self.log().count(text) >= count
 
 
+def with_login(config: Path, broker) -> Path:
+    """The config, given the broker's user and password when it takes registered users only (ejabberd)."""
+    if getattr(broker, "username", None):
+        raw = yaml.safe_load(config.read_text())
+        raw["mqtt"] = {**(raw.get("mqtt") or {}), "username": broker.username, "password": broker.password}
+        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
 @pytest.fixture
 def start_daemon(tmp_path, broker):
     started = []
 
     def start(config: Path, wait_online: Optional["Client"] = None, client_id: str = "edge-inferd") -> Daemon:
-        d = Daemon(config, broker.address, tmp_path / f"daemon-{len(started)}.log")
+        d = Daemon(with_login(config, broker), broker.address, tmp_path / f"daemon-{len(started)}.log")
         started.append(d)
         if wait_online is not None:
             wait_online.subscribe(f"edge-inferd/{client_id}/status")

@@ -12,9 +12,10 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from tests.integration.conftest import (ROOT, WAIT_S, Client, Daemon, activity_payloads, burst, wait_unique_ids,
-                                        write_config)
+                                        with_login, write_config)
 from tests.integration.mqtt_proxy import CuttingProxy
 
 
@@ -236,37 +237,44 @@ def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_o
     assert second.final_stats()["outbox"]["flushed"] == stats["outbox"]["stored"]
     collector.close()
 
-def test_a_flushed_reply_leaves_the_outbox_only_with_its_puback(tmp_path, broker, start_daemon, transport):
-    """Replies stored in the outbox (as above) are handed on by the next run, and the broker drops
-    that connection before any PUBACK (a relay swallows the first reply and cuts both sides, then
-    stays unreachable); that run is stopped while cut off. The rows must still be on disk: a run
-    that deleted a row when it handed it on, before the PUBACK, loses every reply it handed.
-    The run after that, connected, delivers every reply."""
-    config = write_config(tmp_path, transport=transport, cache={"enabled": False}, workers={"max": 1},
-                          batching={"max_batch": 1}, mqtt={"session_expiry_s": 0})
-    collector = Client(broker, client_id="collector-p", persistent=True)
-    collector.c.reconnect_delay_set(1, 1)
-    first = start_daemon(config, wait_online=collector)
-    collector.subscribe("results/p1/appliance")
-    burst(collector, "plugs/p1/power", _appliance_payloads(300))
-    collector.wait_count("results/p1/appliance", 5)
-    broker.stop()
-    assert first.stop() == 0, first.log()
-    stats = first.final_stats()
-    stored, received = stats["outbox"]["stored"], stats["counts"]["received"]
-    assert stored > 0 and stats["outbox"]["dropped"] == 0, stats["outbox"]
-    broker.start()
-    with CuttingProxy(broker.port, cut_prefix="results/") as proxy:
-        cut_off = Daemon(config, proxy.address, tmp_path / "daemon-cut-off.log")
+def _cut_off_run(config, broker, log, cut_prefix: str = "results/") -> Daemon:
+    """A run through a relay that swallows its first publish under `cut_prefix`, drops the
+    connection both ways before any PUBACK, and stays unreachable; stopped once cut off."""
+    with CuttingProxy(broker.port, cut_prefix=cut_prefix) as proxy:
+        daemon = Daemon(config, proxy.address, log)
         try:
-            assert proxy.cut.wait(WAIT_S), cut_off.log()[-3000:]  # a stored reply was handed on, then the cut
+            assert proxy.cut.wait(WAIT_S), daemon.log()[-3000:]
         finally:
-            assert cut_off.stop() == 0, cut_off.log()
-    assert cut_off.final_stats()["outbox"]["stored"] == stored, cut_off.log()[-3000:]
+            assert daemon.stop() == 0, daemon.log()
+    return daemon
+
+
+@pytest.mark.brokers()
+def test_a_flushed_reply_leaves_the_outbox_only_with_its_puback(tmp_path, broker, client, start_daemon, transport):
+    """A run is cut off from the broker while it serves (a relay drops the connection at its first
+    reply), so its replies go to the outbox; it is stopped. The next run hands the stored replies
+    on, and the broker drops that connection too before any PUBACK; it is stopped while cut off.
+    The rows must still be on disk (a run that deleted a row when it handed it on, before its
+    PUBACK, loses every reply it handed), and the run after that delivers every reply. The
+    daemon's session is clean, so no request is redelivered: each reply comes from the outbox."""
+    config = with_login(write_config(tmp_path, transport=transport, cache={"enabled": False},
+                                     mqtt={"session_expiry_s": 0}), broker)
+    client.subscribe("results/p1/activity")
+    with CuttingProxy(broker.port, cut_prefix="results/") as proxy:
+        first = Daemon(config, proxy.address, tmp_path / "daemon-first.log")
+        client.subscribe("edge-inferd/edge-inferd/status")
+        client.wait_payload("edge-inferd/edge-inferd/status", b"online")
+        n = 40
+        burst(client, "sensors/p1/imu", activity_payloads(n))
+        assert proxy.cut.wait(WAIT_S), first.log()[-3000:]  # what it read before the cut, it answers
+        assert first.stop() == 0, first.log()
+    stats = first.final_stats()
+    received = stats["counts"]["received"]  # the first `received` of the burst (QoS 1 keeps the order)
+    assert received > 0 and stats["outbox"]["stored"] == received, (stats, first.log()[-3000:])
+    cut_off = _cut_off_run(config, broker, tmp_path / "daemon-cut-off.log")
+    assert cut_off.final_stats()["outbox"]["stored"] == received, cut_off.log()[-3000:]
     last = start_daemon(config)
-    replies = wait_unique_ids(collector, "results/p1/appliance", received)
-    missing = set(range(received)) - {r["id"] for r in replies}
-    assert not missing, (sorted(missing)[:10], last.log()[-3000:])
+    replies = wait_unique_ids(client, "results/p1/activity", received)
+    assert {r["id"] for r in replies} == set(range(received)), last.log()[-3000:]
     assert last.stop() == 0, last.log()
-    assert last.final_stats()["outbox"]["flushed"] == stored
-    collector.close()
+    assert last.final_stats()["outbox"]["flushed"] == received
