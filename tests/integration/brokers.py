@@ -72,6 +72,11 @@ def register(kind: BrokerKind) -> None:
     KINDS[kind.name] = kind
 
 
+def has(broker: object, feature: str) -> bool:
+    """Whether the running `broker` (from the fixture: `.kind` names it) has `feature`."""
+    return feature not in KINDS[getattr(broker, "kind", MOSQUITTO)].lacks
+
+
 def skip_reason(name: str, needs: tuple[str, ...]) -> Optional[str]:
     """Why `name` cannot run a test that needs `needs`, or None."""
     kind = KINDS[name]

@@ -26,6 +26,7 @@ def _appliance_payloads(n: int) -> list[bytes]:
     return [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode() for i in range(n)]
 
 
+@pytest.mark.brokers()
 def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(tmp_path, broker, client,
                                                                                 start_daemon, transport):
     # One worker, batch 1, the heavier model: most of the burst is still queued at SIGTERM.
@@ -44,6 +45,7 @@ def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(t
     assert len({r["id"] for r in replies}) == received
 
 
+@pytest.mark.brokers()
 def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path, broker, client, start_daemon,
                                                                          transport):
     config = write_config(tmp_path, transport=transport, cache={"enabled": False})
@@ -61,6 +63,7 @@ def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path,
     assert all("label" in r for r in replies)
 
 
+@pytest.mark.brokers()
 def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon, transport):
     payload = activity_payloads(1)[0]
     client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
@@ -151,6 +154,7 @@ def _persistent_clients(tmp_path, broker, start_daemon, reply_topic: str, suffix
     return collector, publisher
 
 
+@pytest.mark.brokers("persistence")
 def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_daemon, transport):
     """A persistent publisher and collector (their own sessions) and the daemon ride out a broker restart."""
     collector, publisher = _persistent_clients(tmp_path, broker, start_daemon, "results/b1/activity", "",
@@ -172,6 +176,7 @@ def test_a_broker_restarted_mid_stream_loses_nothing(tmp_path, broker, start_dae
     collector.close()
 
 
+@pytest.mark.brokers("persistence")
 def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, broker, start_daemon, transport):
     """SIGKILL, 3 s down, restarted on the same port and persistence. Paced at 200/s the broker
     holds no backlog at the kill; a burst still queued in it loses its unsaved part (reliability.md)."""
@@ -191,6 +196,7 @@ def test_a_broker_killed_for_3_s_under_a_paced_stream_loses_nothing(tmp_path, br
     collector.close()
 
 
+@pytest.mark.brokers()
 def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, broker, start_daemon, transport):
     config = write_config(tmp_path, transport=transport, mqtt={"session_expiry_s": 0}, stats_interval_s=0.2)
     collector = Client(broker, client_id="collector2", persistent=True)
@@ -208,6 +214,7 @@ def test_after_a_broker_restart_a_clean_session_daemon_resubscribes(tmp_path, br
     collector.close()
 
 
+@pytest.mark.brokers("persistence")
 def test_replies_made_while_the_broker_is_away_survive_a_daemon_restart_in_the_outbox(tmp_path, broker, start_daemon,
                                                                                       transport):
     """The broker stops while the daemon drains a queue, and the daemon is stopped before it

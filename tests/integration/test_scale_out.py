@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from tests.integration.conftest import Client, activity_payloads, burst, wait_unique_ids, write_config
 
 
+@pytest.mark.brokers("share")
 def test_two_daemons_in_a_share_group_split_a_stream_with_nothing_lost_or_doubled(tmp_path, broker, start_daemon,
                                                                                    transport):
     collector = Client(broker)
