@@ -57,6 +57,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from daemon.config.mqtt import MqttConfig
+from daemon.transport.ack_order import AckOrder
 from daemon.transport.broker_grants import NO_RECEIVE_LIMIT, GrantLog, Grants
 from daemon.transport.inbound import Inbound
 from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
@@ -121,6 +122,7 @@ class MqttLink(LinkCommon):
         self._config = config
         self._receive_maximum = receive_maximum
         self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
+        self._acks = AckOrder(self._send_acks)
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_burst  # the requests of one read burst, in order (one hand-off, not one per message)
         self._burst: list[Inbound] = []  # the read burst so far (paho's loop thread only)
@@ -201,6 +203,7 @@ class MqttLink(LinkCommon):
             return
         logger.info("connected to %s", self._config.url)
         self._health.connected()
+        self._acks.new_connection()
         self._grants.connack(_grants(flags, properties))
         disable_nagle(client.socket())
         self.connected.set()
@@ -225,10 +228,12 @@ class MqttLink(LinkCommon):
         try:
             if not self._accepting.is_set():
                 return  # stopping: leave it unacked (see close_intake)
+            inbound = self._convert(msg)
+            self._acks.arrived(inbound)  # PUBACKs go out in this order (ack_order.py)
             if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
-                client.ack(msg.mid, msg.qos)
+                self._acks.ack(inbound)
                 return
-            self._burst.append(self._convert(msg))
+            self._burst.append(inbound)
             if len(self._burst) >= MAX_BURST:
                 self._hand_on_burst()
         except Exception:  # paho's loop thread must survive anything a message does
@@ -320,7 +325,10 @@ class MqttLink(LinkCommon):
 
     def ack(self, inbound: Inbound) -> None:
         """Acknowledge a request once its reply is published (no-op for QoS 0)."""
-        if inbound.qos > 0:
+        self._acks.ack(inbound)  # held until the requests received before it are acked (ack_order.py)
+
+    def _send_acks(self, turn: list[Inbound]) -> None:
+        for inbound in turn:
             self._client.ack(inbound.mid, inbound.qos)
 
     def stop(self, timeout_s: float = OFFLINE_PUBLISH_TIMEOUT_S) -> None:

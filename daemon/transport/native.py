@@ -34,6 +34,7 @@ import mqtt5
 from daemon.config.mqtt import MqttConfig
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.transport import native_wire as wire
+from daemon.transport.ack_order import AckOrder
 from daemon.transport.broker_grants import GrantLog, Grants
 from daemon.transport.inbound import Inbound
 from daemon.transport.link_common import FAILURE_THRESHOLD, STATUS_OFFLINE, LinkCommon, StoredReply
@@ -62,6 +63,7 @@ class NativeLink(LinkCommon):
         as mqtt.MqttLink's."""
         self._config = config
         self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
+        self._acks = AckOrder(self._send_acks)
         self._may_read = may_read
         self._receive_maximum = receive_maximum
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
@@ -120,9 +122,13 @@ class NativeLink(LinkCommon):
     def ack(self, inbound: Inbound) -> None:
         """Acknowledge a request once its reply is published (no-op for QoS 0)."""
         if inbound.qos > 0:
-            with self._lock:
-                self._write(mqtt5.PubAckPacket(inbound.mid).write())
+            self._acks.ack(inbound)  # held until the requests received before it are acked (ack_order.py)
             self._wakeup.kick()
+
+    def _send_acks(self, turn: list[Inbound]) -> None:
+        with self._lock:
+            for inbound in turn:
+                self._write(mqtt5.PubAckPacket(inbound.mid).write())
 
     def batch(self) -> AbstractContextManager:
         """Replies and acks sent inside this block wake the network thread once, at the end."""
@@ -281,6 +287,7 @@ class NativeLink(LinkCommon):
         """A good CONNACK: resend what was in flight, then subscribe (again)."""
         logger.info("connected to %s", self._config.url)
         self._health.connected()
+        self._acks.new_connection()
         self._grants.connack(Grants(connack.session_present, connack.session_expiry_interval, connack.receive_max,
                                     connack.max_packet_size, connack.shared_subscription_available))
         with self._lock:
@@ -322,12 +329,12 @@ class NativeLink(LinkCommon):
             if kind is mqtt5.PublishPacket:
                 if not self._accepting.is_set():
                     continue  # stopping: leave it unacked (see close_intake)
+                inbound = self._convert(packet)
+                self._acks.arrived(inbound)  # PUBACKs go out in this order (ack_order.py)
                 if packet.retain:  # a retained message, or a retained clear: not a request
-                    if packet.packet_id is not None:
-                        with self._lock:
-                            self._write(mqtt5.PubAckPacket(packet.packet_id).write())
+                    self._acks.ack(inbound)
                     continue
-                inbounds.append(self._convert(packet))
+                inbounds.append(inbound)
             elif kind is mqtt5.PubAckPacket:
                 acked.append(packet.packet_id)
             else:
