@@ -62,12 +62,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Broker:
-    """`with Broker() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated."""
+class BrokerProcess:
+    """A broker as a child process on a free loopback port; subclasses write its config.
 
-    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
-                 settings: Optional[dict[str, str]] = None):
-        """`settings` add to or replace mosquitto.conf lines (e.g. TLS files, `allow_anonymous`)."""
+    `with b: ... b.address`; `stop()` (SIGTERM) / `kill()` (SIGKILL) / `start()` may be repeated.
+    """
+
+    name = "broker"
+    log_name = "broker.log"
+
+    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None, settings=None):
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-broker-")
         self.workdir = Path(workdir or self._tmp.name)
         self.port = port or free_port()
@@ -77,6 +81,70 @@ class Broker:
     @property
     def address(self) -> str:
         return f"{_LOOPBACK}:{self.port}"
+
+    def _command(self) -> list[str]:
+        """Write the config under `workdir` and return the command line that runs the broker."""
+        raise NotImplementedError
+
+    def start(self):
+        command = self._command()
+        log = open(self.workdir / self.log_name, "ab")
+        self._proc = subprocess.Popen(command, stdout=log, stderr=log)
+        log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise DaemonError(f"{self.name} exited with {self._proc.returncode}; "
+                                  f"see {self.workdir}/{self.log_name}")
+            try:
+                with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
+                    return
+            except OSError:
+                time.sleep(_POLL_S)
+        self.kill()
+        raise DaemonError(f"{self.name} did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s; "
+                          f"see {self.workdir}/{self.log_name}")
+
+    def stop(self) -> None:
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: int) -> None:
+        if self._proc is not None:
+            end_process(self._proc, sig)
+            self._proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Broker(BrokerProcess):
+    """`with Broker() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated."""
+
+    name = "mosquitto"
+    log_name = "mosquitto.log"
+
+    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
+                 settings: Optional[dict[str, str]] = None):
+        """`settings` add to or replace mosquitto.conf lines (e.g. TLS files, `allow_anonymous`)."""
+        super().__init__(workdir, port, settings)
+
+    def _command(self) -> list[str]:
+        return [find_mosquitto(), "-c", str(self._write_config())]
 
     def _write_config(self) -> Path:
         data = self.workdir / "data"
@@ -96,45 +164,3 @@ class Broker:
         lines = [f"listener {self.port} {_LOOPBACK}"] + [f"{key} {value}" for key, value in settings.items()]
         conf.write_text("\n".join(lines + ["log_type error", "log_type warning", ""]))
         return conf
-
-    def start(self) -> "Broker":
-        conf = self._write_config()
-        log = open(self.workdir / "mosquitto.log", "ab")
-        self._proc = subprocess.Popen([find_mosquitto(), "-c", str(conf)], stdout=log, stderr=log)
-        log.close()
-        self._wait_ready()
-        return self
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise DaemonError(f"mosquitto exited with {self._proc.returncode}; see {self.workdir}/mosquitto.log")
-            try:
-                with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
-                    return
-            except OSError:
-                time.sleep(_POLL_S)
-        raise DaemonError(f"mosquitto did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s")
-
-    def stop(self) -> None:
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._end(signal.SIGKILL)
-
-    def _end(self, sig: int) -> None:
-        if self._proc is not None:
-            end_process(self._proc, sig)
-            self._proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> "Broker":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
