@@ -1,0 +1,193 @@
+"""A private ejabberd (its `mod_mqtt`) on a free loopback port: a second broker for the tests.
+
+Same surface as `daemon.tools.broker.Broker`. ejabberd 23.01 (Debian `ejabberd`) behaves
+unlike mosquitto where it matters to the daemon: it sends DISCONNECT 0x8E on session
+takeover, refuses `$share/...` filters, caps session expiry, and keeps MQTT sessions in
+RAM tables only (`mqtt_session`, `mqtt_sub`), so a broker restart ends every session.
+
+How it runs, and why:
+- `erl` directly, not `ejabberdctl`: started as root, ejabberdctl re-runs itself as the
+  `ejabberd` user (`su`), which cannot write a 0700 temporary directory, and it names
+  a node, which needs epmd and a cookie.
+- Erlang distribution off (no `-sname`): the VM is `nonode@nohost`, starts no epmd,
+  opens no distribution port and needs no cookie, so it cannot clash with a system
+  ejabberd (`ejabberd@localhost`) or another test's instance. Nothing can attach to
+  it with `ejabberdctl` either, hence anonymous logins instead of registered users.
+- `auth_method: anonymous` with `anonymous_protocol: login_anon`: mod_mqtt then accepts
+  any user name with a non-empty password. It refuses a CONNECT without a user name
+  (CONNACK 0x87), so clients still send `username`/`password`.
+- Only the mod_mqtt listener, on 127.0.0.1; mnesia spool, log and crash dump in `workdir`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from daemon.errors import DaemonError
+from daemon.tools.broker import end_process, free_port
+
+_LOOPBACK = "127.0.0.1"
+# A cold start (empty spool) takes about 1 s on an idle 2-core machine; the limit is for a loaded one.
+_READY_TIMEOUT_S = 60.0
+_POLL_S = 0.05
+# ejabberd flushes mnesia and stops its listeners on SIGTERM; give it time before the SIGKILL.
+_STOP_TIMEOUT_S = 20.0
+_ERL_CANDIDATES = ("erl", "/usr/bin/erl", "/usr/lib/erlang/bin/erl")
+# Where Debian's package puts its OTP application (ejabberdctl sets ERL_LIBS to the parent).
+_EJABBERD_APP_GLOBS = ("/usr/lib/*/ejabberd-[0-9]*", "/usr/lib/erlang/lib/ejabberd-[0-9]*")
+_LOG_NAME = "ejabberd.log"
+_CONSOLE_NAME = "erl.out"
+USERNAME = "gw1@localhost"
+PASSWORD = "secret"
+
+
+def find_ejabberd() -> tuple[str, str]:
+    """(the `erl` executable, the directory to use as ERL_LIBS); DaemonError when either is missing."""
+    erl = next((found for found in map(shutil.which, _ERL_CANDIDATES) if found), None)
+    apps = sorted(path for pattern in _EJABBERD_APP_GLOBS for path in glob.glob(pattern)
+                  if os.path.isfile(os.path.join(path, "ebin", "mod_mqtt.beam")))
+    if erl is None or not apps:
+        raise DaemonError("ejabberd is not installed: apt-get install ejabberd (./scripts/setup.sh does this)")
+    return erl, os.path.dirname(apps[-1])
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    """`base` updated by `extra`, nested dicts merged, anything else replaced."""
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+class Ejabberd:
+    """`with Ejabberd() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated.
+
+    Clients must connect with `username`/`password` (any name works; the pair is a fixed one)."""
+
+    name = "ejabberd"
+
+    def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
+                 settings: Optional[dict[str, Any]] = None):
+        """`settings` are merged into ejabberd.yml; `listen` (a dict) into the mod_mqtt listener,
+        e.g. `{"modules": {"mod_mqtt": {"session_expiry": 60}}, "listen": {"max_payload_size": 1024}}`."""
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-ejabberd-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.port = port or free_port()
+        self.username = USERNAME
+        self.password = PASSWORD
+        self._proc: Optional[subprocess.Popen] = None
+        self._settings = dict(settings or {})
+
+    @property
+    def address(self) -> str:
+        return f"{_LOOPBACK}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / _LOG_NAME
+
+    def config(self) -> dict:
+        """The ejabberd.yml written at each start, as a dict."""
+        listener = {"port": self.port, "ip": _LOOPBACK, "module": "mod_mqtt", "backlog": 1000}
+        extra = dict(self._settings)
+        listener.update(extra.pop("listen", {}))
+        base = {
+            "hosts": ["localhost"],
+            "loglevel": "info",
+            "log_rotate_count": 0,
+            "auth_method": ["anonymous"],
+            "anonymous_protocol": "login_anon",
+            # No certificates to fetch: without this ejabberd would try ACME for its hosts.
+            "acme": {"auto": False},
+            "listen": [listener],
+            "modules": {"mod_mqtt": {}},
+        }
+        return _merge(base, extra)
+
+    def _write_config(self) -> Path:
+        (self.workdir / "spool").mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "ejabberd.yml"
+        conf.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        return conf
+
+    def start(self) -> "Ejabberd":
+        erl, libs = find_ejabberd()
+        conf = self._write_config()
+        env = {**os.environ, "EJABBERD_CONFIG_PATH": str(conf), "EJABBERD_LOG_PATH": str(self.log_path),
+               "ERL_LIBS": libs, "ERL_CRASH_DUMP": str(self.workdir / "erl_crash.dump"),
+               "ERL_CRASH_DUMP_BYTES": "0", "HOME": str(self.workdir)}
+        # The mnesia dir is an Erlang string term, hence the inner quotes.
+        cmd = [erl, "+K", "true", "-noinput", "-noshell", "-mnesia", "dir", f'"{self.workdir / "spool"}"',
+               "-s", "ejabberd"]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        console = open(self.workdir / _CONSOLE_NAME, "ab")
+        # erl execs erlexec, which execs beam.smp: this pid is the VM's, so signals reach it.
+        self._proc = subprocess.Popen(cmd, stdout=console, stderr=console, stdin=subprocess.DEVNULL,
+                                      cwd=self.workdir, env=env)
+        console.close()
+        try:
+            self._wait_ready(offset)
+        except DaemonError:
+            self.kill()
+            raise
+        return self
+
+    def _listening(self, offset: int) -> bool:
+        """Our VM says it listens on our port (another process may hold a port free_port chose)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return False
+        return f"Start accepting TCP connections at {_LOOPBACK}:{self.port} for mod_mqtt" in text
+
+    def _wait_ready(self, offset: int) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise DaemonError(f"ejabberd exited with {self._proc.returncode}; see {self.log_path}")
+            if self._listening(offset):
+                try:
+                    with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
+                        return
+                except OSError:
+                    pass
+            time.sleep(_POLL_S)
+        raise DaemonError(f"ejabberd did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s; "
+                          f"see {self.log_path}")
+
+    def stop(self) -> None:
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL of the Erlang VM: what mnesia had not written is lost."""
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: int) -> None:
+        if self._proc is not None:
+            end_process(self._proc, sig, _STOP_TIMEOUT_S)
+            self._proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> "Ejabberd":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
