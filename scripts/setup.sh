@@ -21,6 +21,22 @@ if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
 fi
 # The C clients: the burst tests and `edge-inferd bench e2e` publish with mosquitto_pub -l.
 command -v mosquitto_pub >/dev/null || apt_install mosquitto-clients
+# ejabberd's mod_mqtt, a second broker for tests/integration/test_ejabberd_broker.py (which skip
+# without it). Optional: a failed install only warns. The tests start their own instance
+# (daemon/tools/ejabberd.py); the package's system service would hold ports 1883, 5222, 5269,
+# 5280 and the node ejabberd@localhost, so it is stopped and disabled.
+if ! compgen -G '/usr/lib/*/ejabberd-[0-9]*/ebin/mod_mqtt.beam' >/dev/null \
+        && ! compgen -G '/usr/lib/erlang/lib/ejabberd-[0-9]*/ebin/mod_mqtt.beam' >/dev/null; then
+    if apt_install ejabberd; then
+        if [ -d /run/systemd/system ]; then
+            $SUDO systemctl disable --now ejabberd.service >/dev/null 2>&1 || true
+        elif command -v service >/dev/null; then
+            $SUDO service ejabberd stop >/dev/null 2>&1 || true
+        fi
+    else
+        echo "setup: ejabberd is not installable here; the ejabberd broker tests will be skipped" >&2
+    fi
+fi
 
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
