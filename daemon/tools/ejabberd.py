@@ -1,9 +1,19 @@
 """A private ejabberd (its `mod_mqtt`) on a free loopback port: a second broker for the tests.
 
-Same surface as `daemon.tools.broker.Broker`. ejabberd 23.01 (Debian `ejabberd`) behaves
-unlike mosquitto where it matters to the daemon: it sends DISCONNECT 0x8E on session
-takeover, refuses `$share/...` filters, caps session expiry, and keeps MQTT sessions in
-RAM tables only (`mqtt_session`, `mqtt_sub`), so a broker restart ends every session.
+Same surface as `daemon.tools.broker.Broker`. ejabberd 23.01 (Debian `ejabberd`) differs
+from mosquitto where it matters to the daemon (scripts/probe_ejabberd.py shows each):
+- Sessions live in RAM tables only (`mqtt_session`, `mqtt_sub`): a broker stop or SIGKILL
+  ends every session and loses every queued message; CONNACK then says session-present 0.
+- Session expiry is granted up to mod_mqtt's `session_expiry` (default 5 minutes): a
+  request for 86,400 s gets 300 in CONNACK. Raise it with
+  `settings={"modules": {"mod_mqtt": {"session_expiry": 86400}}}`.
+- One QoS 1/2 message in flight per session, whatever ReceiveMaximum says.
+- An offline session past `max_queue` (5,000) is cleared and ended: all of it is lost.
+- Message expiry is checked for queued messages, not for the one in flight when the
+  client vanished: that one is redelivered with its original interval, even if expired.
+- A `$share/...` SUBSCRIBE gets DISCONNECT 0x9E, not a SUBACK; a takeover DISCONNECT 0x8E.
+- No Maximum Packet Size in CONNACK: the listener's `max_payload_size` is enforced with
+  DISCONNECT 0x95, and a client's own Maximum Packet Size is ignored.
 
 How it runs, and why:
 - `erl` directly, not `ejabberdctl`: started as root, ejabberdctl re-runs itself as the

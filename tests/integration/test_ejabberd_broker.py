@@ -143,3 +143,38 @@ def test_stop_ends_the_vm_and_a_taken_port_fails_naming_the_log(tmp_path):
         taken.listen()
         with pytest.raises(DaemonError, match="ejabberd.log"):
             Ejabberd(tmp_path / "b", port=taken.getsockname()[1]).start()
+
+
+def _disconnect_reason(client: Persistent) -> threading.Event:
+    """An event set when the broker disconnects `client`; the v5 reason code lands in client.reason."""
+    done = threading.Event()
+
+    def on_disconnect(c, userdata, flags, reason, props) -> None:
+        client.reason = reason.value
+        done.set()
+    client.c.on_disconnect = on_disconnect
+    return done
+
+
+def test_a_shared_subscription_is_answered_with_disconnect_0x9e(ejabberd):
+    """No SUBACK refusal: mod_mqtt drops the connection (Shared Subscriptions not supported)."""
+    client = Persistent(ejabberd, "sharer")
+    client.wait_connack()
+    done = _disconnect_reason(client)
+    client.c.subscribe("$share/g/probe/t", qos=1)
+    assert done.wait(WAIT_S) and client.reason == 0x9E
+    client.c.loop_stop()
+
+
+def test_the_older_of_two_connections_with_one_id_gets_disconnect_0x8e(ejabberd):
+    first = Persistent(ejabberd, "twin")
+    first.wait_connack()
+    done = _disconnect_reason(first)
+    first.c.reconnect_delay_set(WAIT_S, WAIT_S)  # so that it does not take the session back meanwhile
+    second = Persistent(ejabberd, "twin")
+    try:
+        assert second.wait_connack() is True
+        assert done.wait(WAIT_S) and first.reason == 0x8E  # Session taken over
+    finally:
+        first.c.loop_stop()
+        second.drop()
