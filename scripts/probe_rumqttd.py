@@ -338,6 +338,25 @@ def probe_receive_maximum(tmp: Path) -> None:
         pub.close()
 
 
+def probe_full_window(tmp: Path) -> None:
+    """While 100 messages to a client are unacked (rumqttd's fixed window), does the broker still
+    PUBACK that client's own publishes? The daemon acks a request only after its reply's PUBACK."""
+    for backlog in (50, 150):
+        with Rumqttd(tmp / f"b{backlog}") as broker:
+            sub = Peer(broker.port, client_id="fw", manual_ack=True, subscribe=("fw/req",))
+            time.sleep(SETTLE_S)
+            pub = Peer(broker.port)
+            publish_all(pub, "fw/req", [str(i).encode() for i in range(backlog)])
+            time.sleep(2)
+            with sub.lock:
+                unacked = len(sub.messages)
+            reply = sub.c.publish("fw/rep", b"reply", qos=1)
+            reply.wait_for_publish(5)
+            out("full_window", backlog=backlog, delivered_unacked=unacked, reply_pubacked_within_5s=_acked(reply))
+            sub.close()
+            pub.close()
+
+
 def probe_expiry(tmp: Path) -> None:
     """Message Expiry while queued for an offline persistent session."""
     with Rumqttd(tmp / "b") as broker:

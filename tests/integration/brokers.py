@@ -11,20 +11,22 @@ Features:
 - `share`: `$share/<group>/<filter>` subscriptions;
 - `v311`: MQTT 3.1.1 clients;
 - `tls`: a TLS listener the tests can configure;
-- `takeover_reason`: the older of two clients with one id gets DISCONNECT 0x8E (session taken over).
+- `takeover_reason`: the older of two clients with one id gets DISCONNECT 0x8E (session taken over);
+- `backlog`: the broker confirms a client's publishes however many messages to it are unacked
+  (the daemon acks a request only once its reply's PUBACK is back);
+- `retain_as_published`: a v5 subscription's Retain As Published is honoured (the daemon tells
+  a retained message, or a retained clear, from a request by its retain flag).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from daemon.tools.broker import Broker, find_mosquitto
 
-FEATURES = ("persistence", "share", "v311", "tls", "takeover_reason")
+FEATURES = ("persistence", "share", "v311", "tls", "takeover_reason", "backlog", "retain_as_published")
 MOSQUITTO = "mosquitto"
 
 
@@ -34,22 +36,6 @@ class BrokerKind:
     make: Callable[[Path], object]  # workdir -> a broker (Broker's surface), not started
     missing: Callable[[], Optional[str]]  # why it cannot run here, or None
     lacks: dict[str, str] = field(default_factory=dict)  # feature -> what the broker does instead
-
-
-def _mosquitto_missing() -> Optional[str]:
-    try:
-        find_mosquitto()
-    except Exception as exc:  # DaemonError: not installed
-        return str(exc)
-    return None
-
-
-def _module_missing(module: str, why: str) -> Callable[[], Optional[str]]:
-    return lambda: None if importlib.util.find_spec(module) is not None else why
-
-
-def _program_missing(program: str, why: str) -> Callable[[], Optional[str]]:
-    return lambda: None if shutil.which(program) or Path(program).exists() else why
 
 
 def _rumqttd(workdir: Path):
@@ -62,9 +48,46 @@ def _ejabberd(workdir: Path):
     return Ejabberd(workdir)
 
 
+def _missing(find: Callable[[], object]) -> Callable[[], Optional[str]]:
+    """None where `find` (a broker's finder) succeeds; its DaemonError's words where it does not."""
+    def why() -> Optional[str]:
+        try:
+            find()
+        except Exception as exc:  # DaemonError: not installed, and how to install it
+            return str(exc)
+        return None
+    return why
+
+
+def _find_rumqttd() -> object:
+    from daemon.tools.rumqttd import find_rumqttd
+    return find_rumqttd()
+
+
+def _find_ejabberd() -> object:
+    from daemon.tools.ejabberd import find_ejabberd
+    return find_ejabberd()
+
+
+NO_TAKEOVER_REASON = "drops the older client without a reason code"
 KINDS: dict[str, BrokerKind] = {
-    MOSQUITTO: BrokerKind(MOSQUITTO, lambda workdir: Broker(workdir), _mosquitto_missing,
-                          {"takeover_reason": "mosquitto 2.0 drops the older client without a reason code"}),
+    MOSQUITTO: BrokerKind(MOSQUITTO, lambda workdir: Broker(workdir), _missing(find_mosquitto),
+                          {"takeover_reason": f"mosquitto 2.0 {NO_TAKEOVER_REASON}"}),
+    "rumqttd": BrokerKind("rumqttd", _rumqttd, _missing(_find_rumqttd), {
+        "persistence": "rumqttd 0.20 keeps sessions and queued messages in memory only: a restart loses them",
+        "v311": "rumqttd serves 3.1.1 on a listener of its own; a 3.1.1 CONNECT on the v5 port gets no CONNACK",
+        "takeover_reason": f"rumqttd 0.20 {NO_TAKEOVER_REASON} (a TCP close)",
+        "backlog": "rumqttd 0.20 confirms none of a client's publishes while 100 messages to it are unacked, "
+                   "so a backlog of 100 or more deadlocks acks-after-reply (scripts/probe_rumqttd.py full_window)",
+        "retain_as_published": "rumqttd 0.20 forwards a retained publish (and a retained clear) without the "
+                               "retain flag, ignoring Retain As Published",
+    }),
+    "ejabberd": BrokerKind("ejabberd", _ejabberd, _missing(_find_ejabberd), {
+        "persistence": "ejabberd 23.01's mod_mqtt keeps sessions in RAM tables: a restart loses every "
+                       "queued message",
+        "share": "ejabberd 23.01's mod_mqtt answers a $share SUBSCRIBE with DISCONNECT 0x9E (not supported)",
+        "tls": "not configured by the test fixture (mod_mqtt has TLS listeners; not run here)",
+    }),
 }
 
 

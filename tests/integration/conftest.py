@@ -89,7 +89,8 @@ class Client:
         self.cond = threading.Condition()
         self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         self.c.on_message = self._on_message
-        self.c.on_connect = lambda client, *a: disable_nagle(client.socket())
+        self.topics: list[str] = []
+        self.c.on_connect = self._on_connect
         if getattr(broker, "username", None):  # a broker that takes registered users only (ejabberd)
             self.c.username_pw_set(broker.username, broker.password)
         options: dict = {}
@@ -101,6 +102,13 @@ class Client:
         disable_nagle(self.c.socket())
         self.c.loop_start()
 
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        """A reconnect to a broker that lost the session (rumqttd and ejabberd keep none across
+        their own restarts) subscribes again, as a real client would."""
+        disable_nagle(client.socket())
+        if self.topics and not flags.session_present:
+            client.subscribe([(topic, 1) for topic in self.topics])
+
     def _on_message(self, client, userdata, msg) -> None:
         with self.cond:
             self.messages.append(msg)
@@ -111,6 +119,7 @@ class Client:
         self.c.on_subscribe = lambda *a: done.set()
         self.c.subscribe(topic, qos=1)
         assert done.wait(WAIT_S), f"subscription to {topic} not acknowledged"
+        self.topics.append(topic)
 
     def publish(self, topic: str, payload: bytes, response_topic: Optional[str] = None,
                 correlation: Optional[bytes] = None, qos: int = 1) -> None:

@@ -45,7 +45,7 @@ def test_sigterm_right_after_a_burst_answers_every_request_the_daemon_received(t
     assert len({r["id"] for r in replies}) == received
 
 
-@pytest.mark.brokers()
+@pytest.mark.brokers("backlog")
 def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path, broker, client, start_daemon,
                                                                          transport):
     config = write_config(tmp_path, transport=transport, cache={"enabled": False})
@@ -63,7 +63,7 @@ def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path,
     assert all("label" in r for r in replies)
 
 
-@pytest.mark.brokers()
+@pytest.mark.brokers("retain_as_published")
 def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon, transport):
     payload = activity_payloads(1)[0]
     client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
