@@ -28,6 +28,17 @@ SESSION_TAKEN_OVER = 0x8E
 # CONNACK reason codes (3.1.1 and v5) that refuse the credentials or the client id.
 AUTH_CODES = {0x04: "bad user name or password", 0x05: "not authorized", 0x85: "client id not valid",
               0x86: "bad user name or password", 0x87: "not authorized", 0x8C: "bad authentication method"}
+# v5 DISCONNECT reasons a broker gives for what the daemon asked of it, with what to do. A
+# drop with a reason code is not a suspected client-id clash (ejabberd answers a `$share`
+# SUBSCRIBE with DISCONNECT 0x9E, and its reconnect loop looked like one).
+UNSPECIFIED = 0x80
+BROKER_REASONS = {
+    0x87: "check the broker's ACL for the daemon's subscriptions and reply topics",
+    0x95: "a reply is larger than the broker takes (its maximum packet or payload size)",
+    0x97: "the broker's quota for this client is exceeded",
+    0x9E: "the broker has no shared subscriptions: remove mqtt.share_group, or use a broker that has them",
+    0xA2: "the broker has no wildcard subscriptions: routes must subscribe to plain topics",
+}
 # Connections that drop this soon after CONNACK, CLASH_DROPS times within CLASH_WINDOW_S:
 # the signature of two clients sharing one client id.
 SHORT_CONNECTION_S = 10.0
@@ -96,6 +107,11 @@ class LinkHealth:
         if code == SESSION_TAKEN_OVER:
             self._log.warning("clash", "session taken over: another client connected to %s with client_id %r; "
                               "give every daemon its own mqtt.client_id", self._broker, self._client_id)
+            return
+        if code in BROKER_REASONS or (code > UNSPECIFIED and code != SESSION_TAKEN_OVER):
+            self._log.warning("reason", "broker %s disconnected the daemon: %s (reason 0x%02X)%s; reconnecting",
+                            self._broker, reason, code,
+                            f"; {BROKER_REASONS[code]}" if code in BROKER_REASONS else "")
             return
         if lasted is not None and lasted < SHORT_CONNECTION_S:
             self._short_drops.append(now)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from daemon.tools.broker import Broker
-from tests.integration.conftest import Client, Daemon, activity_payloads, write_config
+from tests.integration import brokers
+from tests.integration.conftest import Client, Daemon, activity_payloads, with_login, write_config
 
 
 @pytest.fixture
@@ -38,3 +39,29 @@ def test_a_small_packet_limit_and_reply_window_are_named_at_start_up(tmp_path, s
         daemon.stop()
         client.close()
 
+
+
+@pytest.fixture
+def ejabberd(tmp_path):
+    reason = brokers.skip_reason("ejabberd", ())
+    if reason:
+        pytest.skip(reason)
+    with brokers.KINDS["ejabberd"].make(tmp_path / "ejabberd") as b:
+        b.kind = "ejabberd"
+        yield b
+
+
+def test_a_session_kept_shorter_and_a_refused_share_group_are_named_at_start_up(tmp_path, ejabberd):
+    """ejabberd 23.01 grants a 300 s session (mod_mqtt's default) for the 86,400 asked, and answers
+    a `$share` SUBSCRIBE with DISCONNECT 0x9E: both named, the second with what to do."""
+    config = with_login(write_config(tmp_path, mqtt={"share_group": "inference"}), ejabberd)
+    daemon = Daemon(config, ejabberd.address, tmp_path / "daemon.log")
+    try:
+        assert daemon.wait_for_log("(reason 0x9E)"), daemon.log()[-3000:]
+        log = daemon.log()
+        assert f"broker mqtt://{ejabberd.address} keeps this daemon's session 300 s after a disconnect, " \
+               "not the 86400 s asked (mqtt.session_expiry_s)" in log, log[-3000:]
+        assert "remove mqtt.share_group" in log and "another client is probably using" not in log
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0, daemon.log()[-3000:]

@@ -78,3 +78,27 @@ def test_one_drop_after_a_long_connection_is_just_a_drop(caplog):
             clock.now += 3600
             health.dropped(0x80, "Unspecified error")
     assert "client_id" not in caplog.text and "disconnected from broker.lan:1883" in caplog.text
+
+
+def test_a_broker_reason_is_named_with_what_to_do_and_never_taken_for_an_id_clash(caplog):
+    """ejabberd answers a $share SUBSCRIBE with DISCONNECT 0x9E, at every reconnect: each drop is
+    short, but the broker said why, so the log says that and not "another client"."""
+    clock = FakeClock()
+    health = _health(clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(CLASH_DROPS + 2):
+            health.connected()
+            clock.now += 0.5
+            health.dropped(0x9E, "Shared Subscriptions not supported")
+            clock.now += 20.0  # past the throttle: each drop is logged
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all("Shared Subscriptions not supported (reason 0x9E)" in line for line in lines)
+    assert all("remove mqtt.share_group" in line and "client_id" not in line for line in lines)
+
+
+def test_an_unlisted_reason_code_is_named_too(caplog):
+    health = _health(FakeClock())
+    health.connected()
+    with caplog.at_level(logging.WARNING):
+        health.dropped(0x89, "Server busy")
+    assert "disconnected the daemon: Server busy (reason 0x89); reconnecting" in caplog.text
