@@ -36,11 +36,22 @@ class BrokerKind:
     make: Callable[[Path], object]  # workdir -> a broker (Broker's surface), not started
     missing: Callable[[], Optional[str]]  # why it cannot run here, or None
     lacks: dict[str, str] = field(default_factory=dict)  # feature -> what the broker does instead
+    # workdir, CA, server certificate, its key -> a TLS-only broker, not started (None: no TLS here)
+    make_tls: Optional[Callable[[Path, Path, Path, Path], object]] = None
 
 
 def _rumqttd(workdir: Path):
     from daemon.tools.rumqttd import Rumqttd
     return Rumqttd(workdir)
+
+
+def _rumqttd_tls(workdir: Path, ca: Path, cert: Path, key: Path):
+    from daemon.tools.rumqttd import Rumqttd
+    return Rumqttd(workdir, settings={"certfile": str(cert), "keyfile": str(key)})  # no client certificates
+
+
+def _mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path):
+    return Broker(workdir, settings={"cafile": str(ca), "certfile": str(cert), "keyfile": str(key)})
 
 
 def _ejabberd(workdir: Path):
@@ -72,7 +83,7 @@ def _find_ejabberd() -> object:
 NO_TAKEOVER_REASON = "drops the older client without a reason code"
 KINDS: dict[str, BrokerKind] = {
     MOSQUITTO: BrokerKind(MOSQUITTO, lambda workdir: Broker(workdir), _missing(find_mosquitto),
-                          {"takeover_reason": f"mosquitto 2.0 {NO_TAKEOVER_REASON}"}),
+                          {"takeover_reason": f"mosquitto 2.0 {NO_TAKEOVER_REASON}"}, _mosquitto_tls),
     "rumqttd": BrokerKind("rumqttd", _rumqttd, _missing(_find_rumqttd), {
         "persistence": "rumqttd 0.20 keeps sessions and queued messages in memory only: a restart loses them",
         "v311": "rumqttd serves 3.1.1 on a listener of its own; a 3.1.1 CONNECT on the v5 port gets no CONNACK",
@@ -81,7 +92,7 @@ KINDS: dict[str, BrokerKind] = {
                    "so a backlog of 100 or more deadlocks acks-after-reply (scripts/probe_rumqttd.py full_window)",
         "retain_as_published": "rumqttd 0.20 forwards a retained publish (and a retained clear) without the "
                                "retain flag, ignoring Retain As Published",
-    }),
+    }, _rumqttd_tls),
     "ejabberd": BrokerKind("ejabberd", _ejabberd, _missing(_find_ejabberd), {
         "persistence": "ejabberd 23.01's mod_mqtt keeps sessions in RAM tables: a restart loses every "
                        "queued message",
@@ -98,6 +109,17 @@ def register(kind: BrokerKind) -> None:
 def has(broker: object, feature: str) -> bool:
     """Whether the running `broker` (from the fixture: `.kind` names it) has `feature`."""
     return feature not in KINDS[getattr(broker, "kind", MOSQUITTO)].lacks
+
+
+def params(*needs: str) -> list:
+    """One pytest.param per broker for a test that needs `needs`, skipped with the reason where it cannot run."""
+    import pytest
+
+    out = []
+    for name in KINDS:
+        reason = skip_reason(name, needs)
+        out.append(pytest.param(name, id=name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    return out
 
 
 def skip_reason(name: str, needs: tuple[str, ...]) -> Optional[str]:

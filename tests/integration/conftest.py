@@ -55,11 +55,7 @@ def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("brokers")
     if marker is None or "broker" not in metafunc.fixturenames:
         return
-    params = []
-    for name in brokers.KINDS:
-        reason = brokers.skip_reason(name, marker.args)
-        params.append(pytest.param(name, id=name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
-    metafunc.parametrize("broker", params, indirect=True)
+    metafunc.parametrize("broker", brokers.params(*marker.args), indirect=True)
 
 
 def pytest_collection_modifyitems(items):

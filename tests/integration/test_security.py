@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from daemon.tools.broker import Broker
+from tests.integration import brokers
 from tests.integration.conftest import ROOT, Daemon, write_config
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
@@ -34,16 +35,18 @@ def pki(tmp_path_factory):
     return d
 
 
-def _tls_broker(tmp_path, pki) -> Broker:
-    return Broker(tmp_path / "tls-broker", settings={"cafile": str(pki / "ca.crt"),
-                                                    "certfile": str(pki / "server.crt"),
-                                                    "keyfile": str(pki / "server.key")})
+def _tls_broker(tmp_path, pki, name: str):
+    return brokers.KINDS[name].make_tls(tmp_path / "tls-broker", pki / "ca.crt", pki / "server.crt",
+                                        pki / "server.key")
 
 
-def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(tmp_path, pki, transport):
+@pytest.mark.parametrize("name", brokers.params("tls"))
+def test_tls_with_the_right_ca_serves_and_a_wrong_ca_is_named_and_never_online(tmp_path, pki, transport, name):
+    if name != brokers.MOSQUITTO and transport != "paho":
+        pytest.skip("other brokers run over the default transport (paho) only")
     (tmp_path / "wrong").mkdir()
     (tmp_path / "right").mkdir()
-    with _tls_broker(tmp_path, pki) as broker:
+    with _tls_broker(tmp_path, pki, name) as broker:
         wrong = write_config(tmp_path / "wrong", transport=transport,
                              mqtt={"tls": {"ca_file": str(pki / "other-ca.crt")}})
         daemon = Daemon(wrong, broker.address, tmp_path / "wrong.log")
