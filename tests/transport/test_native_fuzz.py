@@ -1,4 +1,4 @@
-"""The fuzz property of tests/test_fuzz.py, through each link and a real mosquitto.
+"""The fuzz property of tests/test_fuzz.py, through each link and a real broker (each of brokers.py).
 
 tests/test_fuzz.py feeds intake directly; here the same kinds of request bytes (and some past
 one 64 KiB read, split across reads) go through mosquitto and the link under test (paho or
@@ -28,7 +28,7 @@ from daemon.model.runtime import Model  # noqa: E402
 from daemon.obs.stats import Stats  # noqa: E402
 from daemon.pipeline.route_pipeline import route_pipeline  # noqa: E402
 from daemon.serve import wiring  # noqa: E402
-from daemon.tools.broker import Broker  # noqa: E402
+from tests.integration import brokers  # noqa: E402
 from daemon.transport.mqtt import MqttLink  # noqa: E402
 from daemon.transport.native import NativeLink  # noqa: E402
 from tests.integration.conftest import ROOT, WAIT_S  # noqa: E402
@@ -41,16 +41,24 @@ big_payloads = st.tuples(st.integers(65_000, 140_000), st.binary(min_size=1, max
     lambda t: (t[1] * (t[0] // len(t[1]) + 1))[:t[0]])
 
 
+def _connect(client_id: str, broker) -> "mqtt5.ConnectPacket":
+    """A clean v5 CONNECT, with the broker's login where it takes registered users only (ejabberd), and
+    a keepalive (rumqttd closes a CONNECT whose keepalive is 0)."""
+    login = getattr(broker, "username", None)
+    if login:
+        return mqtt5.ConnectPacket(client_id, clean_start=True, keep_alive=600, username=login,
+                                   password=broker.password.encode())
+    return mqtt5.ConnectPacket(client_id, clean_start=True, keep_alive=600)
+
+
 class Collector:
     """A raw v5 subscriber: replies by CorrelationData."""
 
-    def __init__(self, port: int):
+    def __init__(self, broker):
         self.cond = threading.Condition()
         self.replies: dict[bytes, list[tuple[str, bytes]]] = {}
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        filters = [mqtt5.TopicFilter(t, max_qos=mqtt5.QoS.AT_MOST_ONCE) for t in (RESULT_TOPIC, RESPONSE_TOPIC)]
-        self.sock.sendall(mqtt5.ConnectPacket("fuzz-collector", clean_start=True).write()
-                          + mqtt5.SubscribePacket(1, filters).write())
+        self.sock = socket.create_connection(("127.0.0.1", broker.port))
+        self.sock.sendall(_connect("fuzz-collector", broker).write())  # SUBSCRIBE after CONNACK: rumqttd
         self.subscribed = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         assert self.subscribed.wait(WAIT_S)
@@ -60,7 +68,11 @@ class Collector:
         frames = Frames()
         while data := self.sock.recv(1 << 16):
             for packet in frames.feed(data):
-                if isinstance(packet, mqtt5.SubAckPacket):
+                if isinstance(packet, mqtt5.ConnAckPacket):
+                    filters = [mqtt5.TopicFilter(t, max_qos=mqtt5.QoS.AT_MOST_ONCE)
+                               for t in (RESULT_TOPIC, RESPONSE_TOPIC)]
+                    self.sock.sendall(mqtt5.SubscribePacket(1, filters).write())
+                elif isinstance(packet, mqtt5.SubAckPacket):
                     self.subscribed.set()
                 elif isinstance(packet, mqtt5.PublishPacket):
                     with self.cond:
@@ -69,9 +81,9 @@ class Collector:
 
 
 class Publisher:
-    def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(mqtt5.ConnectPacket("fuzz-publisher", clean_start=True).write())
+    def __init__(self, broker):
+        self.sock = socket.create_connection(("127.0.0.1", broker.port))
+        self.sock.sendall(_connect("fuzz-publisher", broker).write())
         self.ids = itertools.count(1)
 
     def send(self, payload: bytes, correlation: bytes, response_topic) -> None:
@@ -80,23 +92,35 @@ class Publisher:
                                               correlation_data=correlation, response_topic=response_topic).write())
 
 
-@pytest.fixture(scope="module", params=[pytest.param(MqttLink, id="paho"), pytest.param(NativeLink, id="native")])
+def _rigs() -> list:
+    """paho and native links on mosquitto; the default transport (paho) on the other brokers."""
+    out = [pytest.param((MqttLink, brokers.MOSQUITTO), id="paho-mosquitto"),
+           pytest.param((NativeLink, brokers.MOSQUITTO), id="native-mosquitto")]
+    for kind in brokers.params():
+        if kind.values[0] != brokers.MOSQUITTO:
+            out.append(pytest.param((MqttLink, kind.values[0]), id=f"paho-{kind.id}", marks=kind.marks))
+    return out
+
+
+@pytest.fixture(scope="module", params=_rigs())
 def rig(request, tmp_path_factory):
+    link_type, broker_name = request.param
     config = load_config(ROOT / "config.yaml")
     route = config.routes[0]
     pipe = route_pipeline(config, route, Model(config.models["activity"].path))
     models = {"activity": Model(config.models["activity"].path, max_batch=8)}
     serving = wiring.build([pipe], None, Stats(), WorkersConfig(max=1), lambda i: models, BatchingConfig(max_batch=8))
-    with Broker(tmp_path_factory.mktemp("fuzz-broker")) as broker:
+    with brokers.KINDS[broker_name].make(tmp_path_factory.mktemp("fuzz-broker")) as broker:
         relay = Relay(broker.port)
-        link = request.param(MqttConfig(broker=relay.address, client_id="fuzz-link", session_expiry_s=0),
-                             serving.filters, serving.intake.on_burst, receive_maximum=64)
+        login = {"username": broker.username, "password": broker.password} if getattr(broker, "username", None) else {}
+        link = link_type(MqttConfig(broker=relay.address, client_id="fuzz-link", session_expiry_s=0, **login),
+                         serving.filters, serving.intake.on_burst, receive_maximum=64)
         serving.attach(link)
         serving.start()
         link.start()
         link.open_intake()
         assert link.online.wait(WAIT_S)
-        yield relay, Collector(broker.port), Publisher(broker.port)
+        yield relay, Collector(broker), Publisher(broker)
         link.stop()
         relay.close()
 
