@@ -39,6 +39,10 @@ BROKER_REASONS = {
     0x9E: "the broker has no shared subscriptions: remove mqtt.share_group, or use a broker that has them",
     0xA2: "the broker has no wildcard subscriptions: routes must subscribe to plain topics",
 }
+# Other DISCONNECT reasons only a server sends (not 0x80-0x82, nor 0x8D "Keep alive timeout",
+# which paho reports for its own keepalive detection): server busy or shutting down, another
+# server, receive maximum or quota exceeded, rates, administrative action, unsupported features.
+SERVER_REASONS = {0x89, 0x8B, 0x93, 0x94, 0x96, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F, 0xA0, 0xA1}
 # Connections that drop this soon after CONNACK, CLASH_DROPS times within CLASH_WINDOW_S:
 # the signature of two clients sharing one client id.
 SHORT_CONNECTION_S = 10.0
@@ -108,7 +112,7 @@ class LinkHealth:
             self._log.warning("clash", "session taken over: another client connected to %s with client_id %r; "
                               "give every daemon its own mqtt.client_id", self._broker, self._client_id)
             return
-        if code in BROKER_REASONS or (code > UNSPECIFIED and code != SESSION_TAKEN_OVER):
+        if code in BROKER_REASONS or code in SERVER_REASONS:
             self._log.warning("reason", "broker %s disconnected the daemon: %s (reason 0x%02X)%s; reconnecting",
                             self._broker, reason, code,
                             f"; {BROKER_REASONS[code]}" if code in BROKER_REASONS else "")

@@ -102,3 +102,12 @@ def test_an_unlisted_reason_code_is_named_too(caplog):
     with caplog.at_level(logging.WARNING):
         health.dropped(0x89, "Server busy")
     assert "disconnected the daemon: Server busy (reason 0x89); reconnecting" in caplog.text
+
+
+def test_a_keepalive_timeout_is_the_daemons_own_finding_not_the_brokers(caplog):
+    """paho reports its own keepalive detection as reason 0x8D: a plain drop, not a broker's word."""
+    health = _health(FakeClock())
+    health.connected()
+    with caplog.at_level(logging.WARNING):
+        health.dropped(0x8D, "Keep alive timeout")
+    assert "disconnected from broker.lan:1883 (Keep alive timeout); reconnecting" in caplog.text
