@@ -14,6 +14,8 @@ Features:
 - `takeover_reason`: the older of two clients with one id gets DISCONNECT 0x8E (session taken over);
 - `backlog`: the broker confirms a client's publishes however many messages to it are unacked
   (the daemon acks a request only once its reply's PUBACK is back);
+- `dead_member_kept`: what was in flight to a share member when it died is delivered again
+  (to it on its return, or to the group), not dropped;
 - `retain_as_published`: a v5 subscription's Retain As Published is honoured (the daemon tells
   a retained message, or a retained clear, from a request by its retain flag).
 """
@@ -26,7 +28,8 @@ from typing import Callable, Optional
 
 from daemon.tools.broker import Broker, find_mosquitto
 
-FEATURES = ("persistence", "share", "v311", "tls", "takeover_reason", "backlog", "retain_as_published")
+FEATURES = ("persistence", "share", "v311", "tls", "takeover_reason", "backlog", "retain_as_published",
+            "dead_member_kept")
 MOSQUITTO = "mosquitto"
 
 
@@ -90,6 +93,8 @@ KINDS: dict[str, BrokerKind] = {
         "takeover_reason": f"rumqttd 0.20 {NO_TAKEOVER_REASON} (a TCP close)",
         "backlog": "rumqttd 0.20 confirms none of a client's publishes while 100 messages to it are unacked, "
                    "so a backlog of 100 or more deadlocks acks-after-reply (scripts/probe_rumqttd.py full_window)",
+        "dead_member_kept": "rumqttd 0.20 drops what was in flight to a share member that died "
+                            "(scripts/probe_rumqttd.py share_group: 81 of 200 never answered)",
         "retain_as_published": "rumqttd 0.20 forwards a retained publish (and a retained clear) without the "
                                "retain flag, ignoring Retain As Published",
     }, _rumqttd_tls),
