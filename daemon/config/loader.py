@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Optional
 
 from daemon import topics
 from daemon.config.check import cross_check
+from daemon.config.drift import read_drift
 from daemon.config.escalate import read_escalate
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
@@ -53,7 +54,7 @@ def _line_of(error: str) -> int:
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
-                                         "batching", "stats_interval_s", "metrics"), required=True)
+                                         "batching", "stats_interval_s", "metrics", "drift"), required=True)
     if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
         raise ConfigError(r.errors)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
@@ -68,6 +69,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         xnnpack=r.get(root, "xnnpack", "", bool, True),
         stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
         metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
+        drift=read_drift(r, root),
         source=path,
     )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
+from daemon.config.drift import DriftConfig
 from daemon.config.escalate import EscalateConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
@@ -229,6 +230,8 @@ class Config:
     stats_interval_s: float = 10.0
     """How often the retained stats go to `edge-inferd/<client_id>/stats` (also at start)."""
     metrics: MetricsConfig = MetricsConfig()
+    drift: DriftConfig = DriftConfig()
+    """Watching each route's answers against a reference (`drift` below, docs/drift.md)."""
     source: Optional[Path] = field(default=None, metadata=_HIDDEN)
     """The file this config came from, for messages."""
 

@@ -287,3 +287,36 @@ def test_a_null_number_with_a_minimum_is_read_as_unset_not_a_traceback(tmp_path)
     path.write_text(text.replace("      threshold: 0.0776", "      threshold: null", 1))
     load = next(r for r in load_config(path).routes if r.name == "load")
     assert load.threshold is None
+
+
+def _drift_config(tmp_path: Path, drift: str) -> Path:
+    """config.yaml with its `drift:` block replaced by `drift` (a YAML block, or "" for none)."""
+    lines = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/").splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("drift:")))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and lines[i][0] not in " #")
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines[:start] + drift.splitlines() + lines[end:]) + "\n")
+    return path
+
+
+def test_drift_defaults_keys_and_their_checks(tmp_path):
+    from daemon.config.drift import DriftConfig
+
+    assert load_config(ROOT / "config.yaml").drift == DriftConfig()
+    default = load_config(_drift_config(tmp_path, "")).drift
+    assert (default.enabled, default.window, default.warn_above, default.reference_answers,
+            default.min_answers) == (True, 1000, 0.25, 500, 200)
+    small = load_config(_drift_config(tmp_path, "drift: {window: 50, warn_above: 1}")).drift
+    assert (small.window, small.min_answers, small.warn_above) == (50, 50, 1.0)  # min_answers follows a small window
+    off = load_config(_drift_config(tmp_path, "drift:\n  enabled: false\n")).drift
+    assert off.enabled is False
+    bad = _drift_config(tmp_path, "drift:\n  window: 0\n  warn_above: 0\n  reference_answers: -3\n  colour: red\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    text = "\n".join(err.value.errors)
+    for wanted in ("drift.window: must be >= 1", "drift.warn_above: must be > 0, got 0",
+                   "drift.reference_answers: must be >= 1", "drift.colour: unknown key"):
+        assert wanted in text, text
+    with pytest.raises(ConfigError) as err:
+        load_config(_drift_config(tmp_path, "drift: {window: 100, min_answers: 101}"))
+    assert "drift.min_answers: must be at most drift.window (100), got 101" in str(err.value)
