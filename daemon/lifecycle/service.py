@@ -29,13 +29,14 @@ from daemon.config.loader import load_config
 from daemon.config.mqtt import NATIVE
 from daemon.config.schema import Config, WorkersConfig
 from daemon.errors import DaemonError
-from daemon.lifecycle import reload
+from daemon.lifecycle import drift_reference, reload
 from daemon.lifecycle.models import load_models, worker_models
 from daemon.lifecycle.notify import Notifier
 from daemon.lifecycle.signals import SignalQueue
 from daemon.lifecycle.steps import Step, StepName
 from daemon.model.residency import ModelInfo, Residency
 from daemon.obs import stats_topic
+from daemon.obs.drift import DriftMonitor
 from daemon.obs.stats import Stats
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import route_pipelines
@@ -88,6 +89,7 @@ class Service:
         self._metrics_served = False
         self._pins: dict[str, str] = {}  # model name -> sha256 a reload checked
         self.stats = Stats()
+        self.drift = DriftMonitor(config.drift)  # kept across reloads: a route unchanged keeps its window
         self.signals = signals or SignalQueue()
         self._stopping = False
         self._models: dict[str, ModelInfo] = {}  # the reference copies' digests; their interpreters are freed
@@ -211,6 +213,9 @@ class Service:
         reuse = self._serving.reuse_snapshot() if self._serving else {}
         if reuse:  # routes with the per-device fast path (daemon/pipeline/reuse.py): devices, hits, misses, skipped
             stats["reuse"] = reuse
+        drift = self.drift.snapshot()  # the PSIs are computed here, not per answer (daemon/obs/drift.py)
+        if drift:
+            stats["drift"] = stats_topic.rounded(drift)
         return stats
 
     def _queue_state(self) -> Optional[dict]:
@@ -222,7 +227,8 @@ class Service:
             from daemon.obs import prometheus  # optional: only a configured endpoint needs prometheus-client
 
             prometheus.serve(self.config.metrics.port, self.config.metrics.address, self.stats,
-                             lambda: self._queue_state() or {}, self._residency.state, self._cache_state)
+                             lambda: self._queue_state() or {}, self._residency.state, self._cache_state,
+                             self.drift.snapshot)
 
     def _cache_state(self) -> dict:
         cache = self._cache
@@ -266,7 +272,9 @@ class Service:
                 self.config = new
                 self._pins = dict(change.digests)
                 self._load_models(change.changed_models)
-                self._serving.swap(route_pipelines(self.config, self._models), self._worker_models)
+                pipes = route_pipelines(self.config, self._models)
+                drift_reference.configure(self.drift, self.config, pipes, self._models)  # changed models: new references
+                self._serving.swap(pipes, self._worker_models)
             except Exception:
                 self.config, self._models = old, old_models
                 raise
@@ -314,10 +322,13 @@ class Service:
 
     def _build_serving(self) -> None:
         cache = self._cache if self._cache is not None and self._cache.enabled else None
-        self._serving = wiring.build(route_pipelines(self.config, self._models), cache, self.stats,
+        pipes = route_pipelines(self.config, self._models)
+        drift_reference.configure(self.drift, self.config, pipes, self._models)  # references of changed routes
+        self._serving = wiring.build(pipes, cache, self.stats,
                                      self.config.workers, self._worker_models, self.config.batching,
                                      escalation_topic=self.config.mqtt.escalation_topic,
-                                     hold=self.config.mqtt.transport == NATIVE)  # native stops reading when full
+                                     hold=self.config.mqtt.transport == NATIVE,  # native stops reading when full
+                                     drift=self.drift)
 
     def _start_workers(self) -> None:
         self._serving.start()

@@ -7,7 +7,8 @@ outbox dropped and flushed) are sums, including what restarted children counted 
 incarnations are folded into one running total (`fold`), so that total stays one dict
 however often it restarts. Levels (queue, busy threads, cache entries and bytes, outbox rows
 and bytes) are the live children's only: they end with the process. Latency percentiles
-cannot be summed: `latency_ms` is the worst child's of each. `workers` says `processes`;
+cannot be summed: `latency_ms` is the worst child's of each, and so is each route's `drift` (the
+child whose window drifts most; each child watches its own share of the requests). `workers` says `processes`;
 `children` lists each child's received, results, restarts and ready.
 """
 
@@ -62,6 +63,9 @@ def summed(children: Mapping[str, Mapping[str, Any]], uptime_s: float) -> dict:
                                                                for s in current),
                       "busy": sum(s.get("workers", {}).get("busy", 0) for s in current)}
     out["models"] = next((s["models"] for s in current if s.get("models")), {})
+    drift = _worst_drift(current)
+    if drift:
+        out["drift"] = drift
     out["children"] = {name: {"received": (c.get("stats") or {}).get("received", 0),
                               "results": (c.get("stats") or {}).get("results", 0),
                               "restarts": c.get("restarts", 0), "ready": bool(c.get("ready"))}
@@ -85,4 +89,16 @@ def _worst_latency(stats: Iterable[Mapping[str, Any]]) -> dict:
         for key, value in s.get("latency_ms", {}).items():
             if key in _LATENCY_KEYS and isinstance(value, (int, float)):
                 worst[key] = max(worst.get(key, 0), value)
+    return worst
+
+
+def _worst_drift(stats: Iterable[Mapping[str, Any]]) -> dict:
+    """Per route, the drift state of the child with the highest PSI (a PSI of null counts as -1)."""
+    worst: dict = {}
+    for s in stats:
+        for route, state in (s.get("drift") or {}).items():
+            mine = state.get("psi_max")
+            theirs = worst.get(route, {}).get("psi_max")
+            if route not in worst or (mine if mine is not None else -1) > (theirs if theirs is not None else -1):
+                worst[route] = state
     return worst

@@ -41,11 +41,12 @@ class StatsCollector:
     """Turns Stats (and the queue gauges) into metric families on every scrape."""
 
     def __init__(self, stats: Stats, queue: Callable[[], dict], models: Callable[[], dict] = dict,
-                 cache: Callable[[], dict] = dict):
+                 cache: Callable[[], dict] = dict, drift: Callable[[], dict] = dict):
         self._stats = stats
         self._queue = queue
         self._models = models  # daemon/model/residency.py Residency.state(): loaded, cold starts by model
         self._cache = cache  # daemon/cache/result_cache.py ResultCache.snapshot(), {} when off
+        self._drift = drift  # daemon/obs/drift.py DriftMonitor.snapshot(): the PSIs, computed at the scrape
 
     def collect(self) -> Iterator:
         h = self._stats.histograms()
@@ -68,6 +69,25 @@ class StatsCollector:
             yield gauge
         yield from self._residency()
         yield from self._cache_metrics()
+        yield from self._drift_metrics()
+
+    def _drift_metrics(self) -> Iterator:
+        psi = GaugeMetricFamily(f"{PREFIX}_drift_psi", "Population stability index of the route's last answers "
+                                "against its reference, by measure (labels: top-1 label shares, score: the "
+                                "score histogram); absent until the window holds drift.min_answers",
+                                labels=["route", "measure"])
+        answers = GaugeMetricFamily(f"{PREFIX}_drift_window_answers", "Answers in the route's drift window",
+                                    labels=["route"])
+        drifting = GaugeMetricFamily(f"{PREFIX}_drift_warning", "1 while the route's PSI is past "
+                                     "drift.warn_above (a warning episode), else 0", labels=["route"])
+        for route, state in sorted(self._drift().items()):
+            for measure, value in sorted((state.get("psi") or {}).items()):
+                psi.add_metric([route, measure], value)
+            answers.add_metric([route], state.get("answers", 0))
+            drifting.add_metric([route], 1 if state.get("drifting") else 0)
+        yield psi
+        yield answers
+        yield drifting
 
     def _cache_metrics(self) -> Iterator:
         snapshot = self._cache()
@@ -101,9 +121,10 @@ class StatsCollector:
 
 
 def serve(port: int, address: str, stats: Stats, queue: Callable[[], dict],
-          models: Callable[[], dict] = dict, cache: Callable[[], dict] = dict) -> None:
+          models: Callable[[], dict] = dict, cache: Callable[[], dict] = dict,
+          drift: Callable[[], dict] = dict) -> None:
     """Start the endpoint on its own daemon thread (prometheus_client's HTTP server)."""
     registry = CollectorRegistry()
-    registry.register(StatsCollector(stats, queue, models, cache))
+    registry.register(StatsCollector(stats, queue, models, cache, drift))
     start_http_server(port, addr=address, registry=registry)
     logger.info("Prometheus metrics on http://%s:%d/metrics", address, port)

@@ -29,7 +29,7 @@ def payload(stats: dict, uptime_s: float, models: Mapping[str, str], workers: in
     errors = {name[len(ERROR_PREFIX):]: n for name, n in counts.items() if name.startswith(ERROR_PREFIX)}
     latency = dict(stats.get("latency_ms", {}))
     latency["stages"] = stats.get("stages_ms", {})
-    return _rounded({
+    return rounded({
         "received": counts.get("received", 0),
         "results": counts.get(RESULTS, 0),
         "errors": errors,
@@ -53,11 +53,12 @@ _PERCENT = 100.0
 _ONE_DECIMAL_BELOW_MS = 100.0
 
 
-def _rounded(value: Any) -> Any:
+def rounded(value: Any) -> Any:
+    """Floats rounded to _DECIMALS, in nested dicts too."""
     if isinstance(value, float):
         return round(value, _DECIMALS)
     if isinstance(value, dict):
-        return {key: _rounded(item) for key, item in value.items()}
+        return {key: rounded(item) for key, item in value.items()}
     return value
 
 

@@ -74,6 +74,16 @@ def predict(pipe: RoutePipeline, model: Model, x: np.ndarray) -> np.ndarray:
     return np.argmax(rows, axis=1).astype(np.int64)  # argmax keeps the first of equal scores, as the replies do
 
 
+def answers(pipe: RoutePipeline, model: Model, x: np.ndarray) -> tuple[Optional[np.ndarray], np.ndarray]:
+    """What the route's replies would say of each sample, as drift watches it (daemon/obs/drift.py):
+    (top-1 index, its score) for a classifier, (None, anomaly score) for an autoencoder."""
+    rows, inputs = outputs(pipe, model, x)
+    if pipe.route.kind == ANOMALY:
+        return None, anomaly.anomaly_score(inputs, rows)
+    best = np.argmax(rows, axis=1)
+    return best.astype(np.int64), rows[np.arange(len(rows)), best].astype(np.float64)
+
+
 @dataclass(frozen=True)
 class Gate:
     """What `validate` holds a route to (the CLI's flags, or the route's own `validate:` keys)."""

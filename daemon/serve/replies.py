@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
+from daemon.obs.drift import DriftMonitor
 from daemon.obs.stats import RESULT, Stats
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.pipeline import codecs
@@ -37,6 +38,7 @@ class Tally:
     counts: Counter = field(default_factory=Counter)
     latencies_ms: list = field(default_factory=list)
     outcomes: Counter = field(default_factory=Counter)
+    answers: list = field(default_factory=list)  # (route, top-1 index or None, score) for drift
 
 
 def error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dict:
@@ -47,8 +49,10 @@ def error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dic
 class Replier:
     """Publishes replies and acks requests through the transport, once it is attached."""
 
-    def __init__(self, stats: Stats):
+    def __init__(self, stats: Stats, drift: Optional[DriftMonitor] = None):
+        """`drift`: watches the answers of classify and anomaly routes (daemon/obs/drift.py)."""
         self._stats = stats
+        self._drift = drift
         self._transport: Optional[Transport] = None
         self.log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
 
@@ -77,6 +81,8 @@ class Replier:
                 if "escalation" in reply:
                     tally.counts[f"escalation_{reply['escalation']}"] += 1
             tally.latencies_ms.append(reply["latency_ms"])
+            if self._drift is not None:
+                _drift_answer(reply, tally.answers)
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
@@ -89,8 +95,19 @@ class Replier:
 
     def record(self, tally: Tally) -> None:
         self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
+        if tally.answers:
+            self._drift.observe(tally.answers)
 
     def ack(self, inbound: Inbound) -> None:
         """A message that gets no reply (not a request): acked at once."""
         if self._transport is not None:
             self._transport.ack(inbound)
+
+
+def _drift_answer(reply: dict, answers: list) -> None:
+    """A result's part in its route's drift: a classifier's top-1 index and score, or an anomaly
+    score; a detector's or a `values` reply has none (daemon/obs/drift.py says why)."""
+    if "index" in reply:
+        answers.append((reply["route"], reply["index"], reply["score"]))
+    elif "anomaly_score" in reply:
+        answers.append((reply["route"], None, reply["anomaly_score"]))

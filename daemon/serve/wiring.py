@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from daemon.config.schema import BatchingConfig, WorkersConfig
+from daemon.obs.drift import DriftMonitor
 from daemon.obs.stats import Stats
 from daemon.pipeline.reuse import DeviceReuse
 from daemon.pipeline.route_pipeline import RoutePipeline, ScoreCache
@@ -78,10 +79,11 @@ class Serving:
 def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats, workers: WorkersConfig,
           make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
           clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None,
-          hold: bool = False) -> Serving:
+          hold: bool = False, drift: Optional[DriftMonitor] = None) -> Serving:
     """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. `hold`: the
-    transport stops reading while the byte budget is full (admission.py), instead of it shedding."""
-    replier = Replier(stats)
+    transport stops reading while the byte budget is full (admission.py), instead of it shedding.
+    `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied."""
+    replier = Replier(stats, drift)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state

@@ -140,3 +140,16 @@ def test_an_unknown_route_or_an_index_past_the_labels_is_harmless():
     monitor.observe([("nope", 1, 0.5), ("r", 9, 0.5)] + [("r", 0, 0.95)] * 60)
     state = monitor.snapshot()["r"]
     assert state["label_shares"]["9"] > 0 and state["psi"]["labels"] > 0
+
+
+def test_prometheus_reads_each_routes_psi_at_the_scrape():
+    from daemon.obs.prometheus import StatsCollector
+    from daemon.obs.stats import Stats
+
+    monitor = _monitor()
+    monitor.observe([("r", 0, 0.3)] * 100)
+    families = {f.name: f for f in StatsCollector(Stats(), dict, drift=monitor.snapshot).collect()}
+    psi_samples = {s.labels["measure"]: s.value for s in families["edge_inferd_drift_psi"].samples}
+    assert set(psi_samples) == {"labels", "score"} and psi_samples["labels"] > WARN
+    assert families["edge_inferd_drift_window_answers"].samples[0].value == 100
+    assert families["edge_inferd_drift_warning"].samples[0].value == 1
