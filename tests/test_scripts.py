@@ -51,3 +51,10 @@ def test_bench_detect_runs_the_naive_script_and_the_daemon_on_camera_frames(tmp_
         assert drain["cache_hits"] == 0 and drain["top_label_matches_photo"] == 3, name
         assert drain["images_per_s"] > 0 and drain["cpu_ms_per_image"] > 0 and drain["latency_ms"]["p99"] > 0
         assert point["results"] == point["sent"] >= 1 and point["latency_ms"]["p50"] > 0, name
+
+
+def test_drift_demo_warns_on_the_shifted_steps_only():
+    out = _run("scripts/drift_demo.py", "--replays", "2", "--plot", "")
+    activity = [line.split(" | ") for line in out.splitlines() if line.startswith("| activity |")]
+    assert len(activity) == 6 and float(activity[0][4]) < 0.1 and float(activity[4][4]) > 0.25  # labels PSI
+    assert "cost per answer on the reply path" in out
