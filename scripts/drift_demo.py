@@ -37,7 +37,7 @@ from daemon.lifecycle import drift_reference  # noqa: E402
 from daemon.obs.drift import DriftMonitor  # noqa: E402
 from daemon.pipeline import evaluate, request_path, scoring  # noqa: E402
 from daemon.pipeline.route_pipeline import Request, route_pipeline  # noqa: E402
-from daemon.serve.replies import _drift_answer  # noqa: E402
+from daemon.serve.replies import drift_answer  # noqa: E402
 
 BATCH = 32
 ACC_X = 0  # the activity windows' channels: acc x, y, z, gyro x, y, z
@@ -56,7 +56,7 @@ def _stream(pipe, model, monitor: DriftMonitor, x: np.ndarray) -> list[dict]:
         outcome = request_path.handle_batch(pipe, requests, model, None, time.monotonic)
         answers: list = []
         for reply in outcome.replies:
-            _drift_answer(reply, answers)
+            drift_answer(reply, answers)
         monitor.observe(answers)
         replies += outcome.replies
     return replies
@@ -115,7 +115,7 @@ def cost_per_answer_us(config) -> float:
     def batch() -> None:
         answers: list = []
         for reply in replies:
-            _drift_answer(reply, answers)
+            drift_answer(reply, answers)
         monitor.observe(answers)
 
     batch()

@@ -82,7 +82,7 @@ class Replier:
                     tally.counts[f"escalation_{reply['escalation']}"] += 1
             tally.latencies_ms.append(reply["latency_ms"])
             if self._drift is not None:
-                _drift_answer(reply, tally.answers)
+                drift_answer(reply, tally.answers)
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
@@ -104,7 +104,7 @@ class Replier:
             self._transport.ack(inbound)
 
 
-def _drift_answer(reply: dict, answers: list) -> None:
+def drift_answer(reply: dict, answers: list) -> None:
     """A result's part in its route's drift: a classifier's top-1 index and score, or an anomaly
     score; a detector's or a `values` reply has none (daemon/obs/drift.py says why)."""
     if "index" in reply:

@@ -8,7 +8,7 @@ import timeit
 from daemon.config.drift import DriftConfig
 from daemon.obs.drift import DriftMonitor, Reference, RouteSpec
 from daemon.obs.stats import Stats
-from daemon.serve.replies import Replier, Tally, _drift_answer
+from daemon.serve.replies import Replier, Tally, drift_answer
 from daemon.transport.inbound import Inbound
 
 LABELS = ("a", "b")
@@ -58,7 +58,7 @@ def test_an_answer_costs_a_few_microseconds_on_the_reply_path():
     def batch() -> None:
         answers: list = []
         for reply in replies:
-            _drift_answer(reply, answers)
+            drift_answer(reply, answers)
         monitor.observe(answers)
 
     per_answer_s = min(timeit.repeat(batch, number=200, repeat=5)) / (200 * len(replies))
