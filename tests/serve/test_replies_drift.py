@@ -3,12 +3,11 @@ anomaly routes count, errors and detector or `values` replies do not, once per b
 
 from __future__ import annotations
 
-import timeit
 
 from daemon.config.drift import DriftConfig
 from daemon.obs.drift import DriftMonitor, Reference, RouteSpec
 from daemon.obs.stats import Stats
-from daemon.serve.replies import Replier, Tally, drift_answer
+from daemon.serve.replies import Replier, Tally
 from daemon.transport.inbound import Inbound
 
 LABELS = ("a", "b")
@@ -45,21 +44,3 @@ def test_results_of_measured_kinds_reach_the_window_once_recorded():
     assert state["cls"]["answers"] == 1 and state["cls"]["label_shares"] == {"b": 1.0}
     assert state["ae"]["answers"] == 1 and "cam" not in state
 
-
-# Bound on drift's cost per answer in this test: ~1 µs measured (docs/drift.md); loose for a loaded CI machine.
-MAX_COST_PER_ANSWER_S = 10e-6
-
-
-def test_an_answer_costs_a_few_microseconds_on_the_reply_path():
-    """What drift adds per answer: the tally's append in `send` and the window's update in `record`."""
-    monitor = _monitor()
-    replies = [_result("cls", label="a", index=i % 2, score=0.9, top_k=[]) for i in range(32)]
-
-    def batch() -> None:
-        answers: list = []
-        for reply in replies:
-            drift_answer(reply, answers)
-        monitor.observe(answers)
-
-    per_answer_s = min(timeit.repeat(batch, number=200, repeat=5)) / (200 * len(replies))
-    assert per_answer_s < MAX_COST_PER_ANSWER_S, f"{per_answer_s * 1e6:.2f} µs per answer"
