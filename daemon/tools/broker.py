@@ -66,13 +66,17 @@ class BrokerProcess:
     """A broker as a child process on a free loopback port; subclasses write its config.
 
     `with b: ... b.address`; `stop()` (SIGTERM) / `kill()` (SIGKILL) / `start()` may be repeated.
+    A subclass supplies `_command()`, and may supply `_env()` and `_ready()` (a check of its own
+    before the port counts: ejabberd's log line), and its timeouts.
     """
 
     name = "broker"
-    log_name = "broker.log"
+    log_name = "broker.log"  # the child's stdout and stderr, in workdir
+    ready_timeout_s = _READY_TIMEOUT_S
+    stop_timeout_s = _STOP_TIMEOUT_S
 
     def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None, settings=None):
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-broker-")
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix=f"edge-inferd-{self.name}-")
         self.workdir = Path(workdir or self._tmp.name)
         self.port = port or free_port()
         self._proc: Optional[subprocess.Popen] = None
@@ -82,32 +86,46 @@ class BrokerProcess:
     def address(self) -> str:
         return f"{_LOOPBACK}:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        """The file an error names: the broker's own log."""
+        return self.workdir / self.log_name
+
     def _command(self) -> list[str]:
         """Write the config under `workdir` and return the command line that runs the broker."""
         raise NotImplementedError
 
+    def _env(self) -> Optional[dict[str, str]]:
+        return None  # the daemon's environment
+
+    def _ready(self) -> bool:
+        """Besides its port accepting: the broker says it is ready (default: nothing more to ask)."""
+        return True
+
     def start(self):
         command = self._command()
         log = open(self.workdir / self.log_name, "ab")
-        self._proc = subprocess.Popen(command, stdout=log, stderr=log)
+        self._proc = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                      cwd=self.workdir, env=self._env())
         log.close()
         self._wait_ready()
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _READY_TIMEOUT_S
+        deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise DaemonError(f"{self.name} exited with {self._proc.returncode}; "
-                                  f"see {self.workdir}/{self.log_name}")
-            try:
-                with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
-                    return
-            except OSError:
-                time.sleep(_POLL_S)
+                raise DaemonError(f"{self.name} exited with {self._proc.returncode}; see {self.log_path}")
+            if self._ready():
+                try:
+                    with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
+                        return
+                except OSError:
+                    pass
+            time.sleep(_POLL_S)
         self.kill()
-        raise DaemonError(f"{self.name} did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s; "
-                          f"see {self.workdir}/{self.log_name}")
+        raise DaemonError(f"{self.name} did not listen on port {self.port} within {self.ready_timeout_s:.0f}s; "
+                          f"see {self.log_path}")
 
     def stop(self) -> None:
         self._end(signal.SIGTERM)
@@ -117,7 +135,7 @@ class BrokerProcess:
 
     def _end(self, sig: int) -> None:
         if self._proc is not None:
-            end_process(self._proc, sig)
+            end_process(self._proc, sig, self.stop_timeout_s)
             self._proc = None
 
     def close(self) -> None:

@@ -34,23 +34,17 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
 from daemon.errors import DaemonError
-from daemon.tools.broker import end_process, free_port
+from daemon.tools.broker import BrokerProcess
 
 _LOOPBACK = "127.0.0.1"
 # A cold start (empty spool) takes about 1 s on an idle 2-core machine; the limit is for a loaded one.
 _READY_TIMEOUT_S = 60.0
-_POLL_S = 0.05
 # ejabberd flushes mnesia and stops its listeners on SIGTERM; give it time before the SIGKILL.
 _STOP_TIMEOUT_S = 20.0
 _ERL_CANDIDATES = ("erl", "/usr/bin/erl", "/usr/lib/erlang/bin/erl")
@@ -81,28 +75,24 @@ def _merge(base: dict, extra: dict) -> dict:
     return merged
 
 
-class Ejabberd:
+class Ejabberd(BrokerProcess):
     """`with Ejabberd() as b: ... b.address`; `stop()` / `kill()` / `start()` may be repeated.
 
     Clients must connect with `username`/`password` (any name works; the pair is a fixed one)."""
 
     name = "ejabberd"
+    log_name = _CONSOLE_NAME  # erl's console; ejabberd's own log is `log_path`
+    ready_timeout_s = _READY_TIMEOUT_S
+    stop_timeout_s = _STOP_TIMEOUT_S
+    username = USERNAME
+    password = PASSWORD
 
     def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
                  settings: Optional[dict[str, Any]] = None):
         """`settings` are merged into ejabberd.yml; `listen` (a dict) into the mod_mqtt listener,
         e.g. `{"modules": {"mod_mqtt": {"session_expiry": 60}}, "listen": {"max_payload_size": 1024}}`."""
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="edge-inferd-ejabberd-")
-        self.workdir = Path(workdir or self._tmp.name)
-        self.port = port or free_port()
-        self.username = USERNAME
-        self.password = PASSWORD
-        self._proc: Optional[subprocess.Popen] = None
-        self._settings = dict(settings or {})
-
-    @property
-    def address(self) -> str:
-        return f"{_LOOPBACK}:{self.port}"
+        super().__init__(workdir, port, settings)
+        self._offset = 0
 
     @property
     def log_path(self) -> Path:
@@ -132,72 +122,26 @@ class Ejabberd:
         conf.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         return conf
 
-    def start(self) -> "Ejabberd":
-        erl, libs = find_ejabberd()
-        conf = self._write_config()
-        env = {**os.environ, "EJABBERD_CONFIG_PATH": str(conf), "EJABBERD_LOG_PATH": str(self.log_path),
-               "ERL_LIBS": libs, "ERL_CRASH_DUMP": str(self.workdir / "erl_crash.dump"),
-               "ERL_CRASH_DUMP_BYTES": "0", "HOME": str(self.workdir)}
-        # The mnesia dir is an Erlang string term, hence the inner quotes.
-        cmd = [erl, "+K", "true", "-noinput", "-noshell", "-mnesia", "dir", f'"{self.workdir / "spool"}"',
-               "-s", "ejabberd"]
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        console = open(self.workdir / _CONSOLE_NAME, "ab")
-        # erl execs erlexec, which execs beam.smp: this pid is the VM's, so signals reach it.
-        self._proc = subprocess.Popen(cmd, stdout=console, stderr=console, stdin=subprocess.DEVNULL,
-                                      cwd=self.workdir, env=env)
-        console.close()
-        try:
-            self._wait_ready(offset)
-        except DaemonError:
-            self.kill()
-            raise
-        return self
+    def _command(self) -> list[str]:
+        erl, self._libs = find_ejabberd()
+        self._conf = self._write_config()
+        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        # The mnesia dir is an Erlang string term, hence the inner quotes. erl execs erlexec, which
+        # execs beam.smp: the child's pid is the VM's, so signals reach it.
+        return [erl, "+K", "true", "-noinput", "-noshell", "-mnesia", "dir", f'"{self.workdir / "spool"}"',
+                "-s", "ejabberd"]
 
-    def _listening(self, offset: int) -> bool:
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "EJABBERD_CONFIG_PATH": str(self._conf), "EJABBERD_LOG_PATH": str(self.log_path),
+                "ERL_LIBS": self._libs, "ERL_CRASH_DUMP": str(self.workdir / "erl_crash.dump"),
+                "ERL_CRASH_DUMP_BYTES": "0", "HOME": str(self.workdir)}
+
+    def _ready(self) -> bool:
         """Our VM says it listens on our port (another process may hold a port free_port chose)."""
         try:
             with open(self.log_path, "rb") as log:
-                log.seek(offset)
+                log.seek(self._offset)
                 text = log.read().decode(errors="replace")
         except FileNotFoundError:
             return False
         return f"Start accepting TCP connections at {_LOOPBACK}:{self.port} for mod_mqtt" in text
-
-    def _wait_ready(self, offset: int) -> None:
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise DaemonError(f"ejabberd exited with {self._proc.returncode}; see {self.log_path}")
-            if self._listening(offset):
-                try:
-                    with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
-                        return
-                except OSError:
-                    pass
-            time.sleep(_POLL_S)
-        raise DaemonError(f"ejabberd did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f}s; "
-                          f"see {self.log_path}")
-
-    def stop(self) -> None:
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL of the Erlang VM: what mnesia had not written is lost."""
-        self._end(signal.SIGKILL)
-
-    def _end(self, sig: int) -> None:
-        if self._proc is not None:
-            end_process(self._proc, sig, _STOP_TIMEOUT_S)
-            self._proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> "Ejabberd":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
