@@ -5,7 +5,8 @@
     python scripts/gen_config_doc.py --check   # exit 1 when docs/config.md is stale
 
 Each key's description is the attribute docstring under its field in daemon/config/schema.py
-or a section's module (daemon/config/mqtt.py, reuse.py, escalate.py, drift.py). Python drops attribute docstrings at run time, so they are read
+or a section's module (daemon/config/mqtt.py, reuse.py, escalate.py, drift.py,
+homeassistant.py). Python drops attribute docstrings at run time, so they are read
 with `ast`; types come from the annotations, defaults from the dataclasses (or a field's
 `doc_default` metadata when the default is not a literal, like the CPU count). Each
 section's example is cut from config.yaml; each preprocess step's example output is
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.config import drift as config_drift  # noqa: E402
 from daemon.config import escalate as config_cascade  # noqa: E402
+from daemon.config import homeassistant as config_ha  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
@@ -111,7 +113,7 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "reuse",
-                                                                                    "drift"))
+                                                                                    "drift", "homeassistant"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple": "list", "None": "null"}
 
@@ -146,6 +148,8 @@ SECTIONS = (
     Section("drift", config_drift.DriftConfig, "drift", "Per route, the answers' distribution against a reference, "
             "as a population stability index (docs/drift.md): in the stats' `drift` and Prometheus' "
             "`edge_inferd_drift_psi`."),
+    Section("homeassistant", config_ha.HomeAssistantConfig, "homeassistant",
+            "Home Assistant MQTT discovery (docs/homeassistant.md): what Home Assistant is told, and when."),
 )
 SECTION_CLASSES = {s.cls.__name__ for s in SECTIONS}
 

@@ -39,8 +39,18 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
             known = ", ".join(sorted(config.models)) or "none"
             r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
         check_escalate(r, config, m, p, route)
+    _check_homeassistant(r, config)
     if check_models:
         _check_models(r, config)
+
+
+def _check_homeassistant(r: Reader, config: Config) -> None:
+    """Discovery tracks devices in one process: with several, a share group splits a device's requests
+    between them, and one process's idle timer would remove an entity another still feeds."""
+    if config.homeassistant.discovery and config.workers.processes > 1 and r.ok("homeassistant", "workers.processes"):
+        r.error(_raw_section(r, "homeassistant", dict), "discovery", "homeassistant",
+                f"needs workers.processes 1 (got {config.workers.processes}): each process would track "
+                "a share of every device's requests")
 
 
 def _raw_section(r: Reader, key: str, kind: type) -> Any:

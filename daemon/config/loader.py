@@ -18,6 +18,7 @@ from daemon import topics
 from daemon.config.check import cross_check
 from daemon.config.drift import read_drift
 from daemon.config.escalate import read_escalate
+from daemon.config.homeassistant import read_homeassistant
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
@@ -54,7 +55,8 @@ def _line_of(error: str) -> int:
 
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
-                                         "batching", "stats_interval_s", "metrics", "drift"), required=True)
+                                         "batching", "stats_interval_s", "metrics", "drift",
+                                         "homeassistant"), required=True)
     if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
         raise ConfigError(r.errors)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
@@ -70,6 +72,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         stats_interval_s=r.get(root, "stats_interval_s", "", (int, float), 10.0, minimum=MIN_STATS_INTERVAL_S),
         metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
         drift=read_drift(r, root),
+        homeassistant=read_homeassistant(r, root),
         source=path,
     )
 

@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 
 from daemon.config.drift import DriftConfig
 from daemon.config.escalate import EscalateConfig
+from daemon.config.homeassistant import HomeAssistantConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
 from daemon.errors import ConfigError
@@ -232,6 +233,8 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     drift: DriftConfig = DriftConfig()
     """Watching each route's answers against a reference (`drift` below, docs/drift.md)."""
+    homeassistant: HomeAssistantConfig = HomeAssistantConfig()
+    """Home Assistant MQTT discovery (`homeassistant` below); off by default."""
     source: Optional[Path] = field(default=None, metadata=_HIDDEN)
     """The file this config came from, for messages."""
 

@@ -320,3 +320,40 @@ def test_drift_defaults_keys_and_their_checks(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(_drift_config(tmp_path, "drift: {window: 100, min_answers: 101}"))
     assert "drift.min_answers: must be at most drift.window (100), got 101" in str(err.value)
+_HA_BLOCK = ("homeassistant:                  # Home Assistant MQTT discovery (docs/homeassistant.md), off by default\n"
+             "  discovery: false ")
+
+
+def _ha_config(tmp_path, keys: str, workers: str = "  max: 2 ") -> Path:
+    text = (ROOT / "config.yaml").read_text().replace(" models/", f" {ROOT}/models/")
+    assert _HA_BLOCK in text
+    start = text.index(_HA_BLOCK)
+    end = text.index("\nxnnpack:", start) + 1
+    path = tmp_path / "ha.yaml"
+    path.write_text(text[:start] + f"homeassistant:\n{keys}" + text[end:].replace("  max: 2 ", workers, 1))
+    return path
+
+
+def test_homeassistant_discovery_is_off_by_default_and_its_keys_are_read(tmp_path):
+    assert load_config(ROOT / "config.yaml").homeassistant.discovery is False
+    ha = load_config(_ha_config(tmp_path, "  discovery: true\n  prefix: ha/disc\n  device_idle_s: 60\n"
+                                          "  max_devices: 3\n")).homeassistant
+    assert (ha.discovery, ha.prefix, ha.device_idle_s, ha.max_devices) == (True, "ha/disc", 60.0, 3)
+
+
+def test_homeassistant_keys_are_checked_each_by_its_path(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(_ha_config(tmp_path, "  discovery: yes please\n  prefix: home/+\n  device_idle_s: -1\n"
+                                          "  max_devices: 0\n  colour: blue\n"))
+    text = str(err.value)
+    for expected in ("homeassistant.discovery: must be", "homeassistant.prefix: must be a topic without wildcards",
+                     "homeassistant.device_idle_s: must be >= 0", "homeassistant.max_devices: must be >= 1",
+                     "homeassistant.colour"):
+        assert expected in text
+
+
+def test_homeassistant_discovery_needs_one_worker_process(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(_ha_config(tmp_path, "  discovery: true\n", workers="  max: 2\n  processes: 2\n"),
+                    check_models=False)
+    assert "homeassistant.discovery: needs workers.processes 1 (got 2)" in str(err.value)
