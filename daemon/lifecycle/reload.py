@@ -10,7 +10,7 @@ loaded pinned to those digests after it, so a file swapped again in between is r
 `plan` then says how to apply it (the Service does):
 - only model files or labels changed: a hot swap (`Serving.swap`, daemon/serve/wiring.py); a batch in flight
   finishes on the old models, queued requests run on the new ones;
-- routes, workers, batching, drift or the broker changed: an ordered restart from the first
+- routes, workers, batching, drift, the broker or `homeassistant` changed: an ordered restart from the first
   affected start-up step (intake closes, the workers drain while MQTT still carries their
   replies, the persistent session holds what arrives meanwhile);
 - `metrics` changed: only a restart of the daemon can rebind the endpoint (logged).
@@ -74,8 +74,8 @@ def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Pla
         restart_from = StepName.MODELS
     elif new.cache != old.cache:
         restart_from = StepName.CACHE
-    elif (new.routes, new.workers, new.batching, new.mqtt, new.stats_interval_s, new.drift) != (
-            old.routes, old.workers, old.batching, old.mqtt, old.stats_interval_s, old.drift):
+    elif (new.routes, new.workers, new.batching, new.mqtt, new.stats_interval_s, new.drift, new.homeassistant) != (
+            old.routes, old.workers, old.batching, old.mqtt, old.stats_interval_s, old.drift, old.homeassistant):
         restart_from = StepName.SERVING
     ignored = ("metrics",) if new.metrics != old.metrics else ()
     return Plan(changed, restart_from, digests, ignored)

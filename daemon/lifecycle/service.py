@@ -41,6 +41,7 @@ from daemon.obs.stats import Stats
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import route_pipelines
 from daemon.serve import wiring
+from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.jobs import WorkerModels
 from daemon.transport.mqtt import MqttLink
 from daemon.transport.outbox import Outbox
@@ -97,6 +98,8 @@ class Service:
         self._cache: Optional[ResultCache] = None
         self._serving: Optional[wiring.Serving] = None
         self._link: Optional[MqttLink] = None
+        self._devices: Optional[DiscoveredDevices] = None  # Home Assistant discovery; kept across reloads
+        self._rate = stats_topic.RequestRate()
         self._started: list[Step] = []
         self._started_at = time.monotonic()
         self._notifier = notifier or Notifier()
@@ -146,6 +149,8 @@ class Service:
                     logger.info("%s", stats_topic.summary_line(snapshot))
                     logger.debug("stats %s", codecs.encode(snapshot).decode())
             self._residency.unload_idle()
+            if self._devices is not None:  # announce the node once online, remove idle devices
+                self._devices.tick(now, self._link.online.is_set())
             if self.signals.wait(self._tick()):
                 self._handle_signals()
             if self._stopping:
@@ -171,6 +176,7 @@ class Service:
 
     def _publish_stats(self) -> dict:
         snapshot = self.snapshot()
+        snapshot["requests_per_s"] = self._rate.update(snapshot["received"], time.monotonic())
         if self._link is not None and self._link.connected.is_set():  # not piled up in paho while away
             self._link.publish(self.config.mqtt.stats_topic, codecs.encode(snapshot), retain=True)
         return snapshot
@@ -216,6 +222,8 @@ class Service:
         drift = self.drift.snapshot()  # the PSIs are computed here, not per answer (daemon/obs/drift.py)
         if drift:
             stats["drift"] = stats_topic.rounded(drift)
+        if self._devices is not None and self._devices.enabled:  # Home Assistant discovery's bounded count
+            stats["homeassistant"] = self._devices.snapshot()
         return stats
 
     def _queue_state(self) -> Optional[dict]:
@@ -321,6 +329,10 @@ class Service:
             self._cache.close()
 
     def _build_serving(self) -> None:
+        if self._devices is None:
+            self._devices = DiscoveredDevices(self.config)
+        else:  # a reload: entities of routes gone or changed are removed
+            self._devices.reconfigure(self.config)
         cache = self._cache if self._cache is not None and self._cache.enabled else None
         pipes = route_pipelines(self.config, self._models)
         drift_reference.configure(self.drift, self.config, pipes, self._models)  # references of changed routes
@@ -328,7 +340,8 @@ class Service:
                                      self.config.workers, self._worker_models, self.config.batching,
                                      escalation_topic=self.config.mqtt.escalation_topic,
                                      hold=self.config.mqtt.transport == NATIVE,  # native stops reading when full
-                                     drift=self.drift)
+                                     drift=self.drift,
+                                     devices=self._devices if self._devices.enabled else None)
 
     def _start_workers(self) -> None:
         self._serving.start()
@@ -345,6 +358,7 @@ class Service:
             options["may_read"] = self._serving.admission.has_room  # a full byte budget stops reading
         self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst, **options)
         self._serving.attach(self._link)
+        self._devices.attach(self._link.publish)
         self._link.start()
 
     def _open_outbox(self) -> Optional[Outbox]:

@@ -47,6 +47,20 @@ def payload(stats: dict, uptime_s: float, models: Mapping[str, str], workers: in
     })
 
 
+class RequestRate:
+    """`requests_per_s` of the stats topic: requests received per second since the previous publish
+    (0 at the first), so that a dashboard (Home Assistant's node sensor) needs no history of its own."""
+
+    def __init__(self) -> None:
+        self._last: Optional[tuple[float, int]] = None  # (when, received) at the previous publish
+
+    def update(self, received: int, now: float) -> float:
+        last, self._last = self._last, (now, received)
+        if last is None or now <= last[0]:
+            return 0.0
+        return round(max(0, received - last[1]) / (now - last[0]), 2)
+
+
 # Decimals kept in the stats' floats: bucket bounds in ms come out as 0.010000000000000002.
 _DECIMALS = 4
 _PERCENT = 100.0

@@ -28,6 +28,7 @@ from daemon.obs.stats import Stats
 from daemon.pipeline.route_pipeline import RoutePipeline
 from daemon.serve.admission import Admission, Refusal
 from daemon.serve.cascade import RemoteCascade
+from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.jobs import Job
 from daemon.serve.rate import DeviceRate
 from daemon.serve.replies import Replier, Tally, error
@@ -78,9 +79,11 @@ class Intake:
 
     def __init__(self, routes: RouteTable, rate: DeviceRate, admission: Admission,
                  submit_many: Callable[[Sequence[Job]], bool], replier: Replier, stats: Stats,
-                 remote: Optional[RemoteCascade] = None, clock: Callable[[], float] = time.monotonic):
+                 remote: Optional[RemoteCascade] = None, clock: Callable[[], float] = time.monotonic,
+                 devices: Optional[DiscoveredDevices] = None):
         """`submit_many` queues a burst's jobs for the workers (False while they stop); `remote` is
-        the far-tier cascade, whose answers arrive here too."""
+        the far-tier cascade, whose answers arrive here too; `devices` learns each request's device
+        (Home Assistant discovery, ha_devices.py)."""
         self._routes = routes
         self._rate = rate
         self._admission = admission
@@ -89,6 +92,7 @@ class Intake:
         self._stats = stats
         self._remote = remote
         self._clock = clock
+        self._devices = devices
 
     def on_burst(self, inbounds: Sequence[Inbound]) -> None:
         """The messages of one read burst, in order: each routed, rated and admitted, or answered at
@@ -137,6 +141,8 @@ class Intake:
             return None
         pipe, reply_topic = found
         route = pipe.route
+        if self._devices is not None and inbound.response_topic is None:  # a v5 request's reply goes elsewhere
+            self._devices.seen(route, inbound.topic, reply_topic, now)
         deadline = inbound.deadline
         if deadline is not None and now >= deadline:
             self._expired_on_arrival(pipe, inbound, reply_topic, now - deadline, tally)

@@ -20,6 +20,7 @@ from daemon.serve.admission import Admission
 from daemon.serve.autoscale import Autoscaler
 from daemon.serve.batches import BatchProcessor
 from daemon.serve.cascade import RemoteCascade
+from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.intake import Intake, RouteTable
 from daemon.serve.jobs import Job, WorkerContext, WorkerModels
 from daemon.serve.rate import DeviceRate
@@ -79,10 +80,12 @@ class Serving:
 def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: Stats, workers: WorkersConfig,
           make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
           clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None,
-          hold: bool = False, drift: Optional[DriftMonitor] = None) -> Serving:
+          hold: bool = False, drift: Optional[DriftMonitor] = None,
+          devices: Optional[DiscoveredDevices] = None) -> Serving:
     """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. `hold`: the
     transport stops reading while the byte budget is full (admission.py), instead of it shedding.
-    `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied."""
+    `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied.
+    `devices`: Home Assistant discovery's device tracker (ha_devices.py), fed by intake."""
     replier = Replier(stats, drift)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
@@ -100,5 +103,5 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
                           clock),
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
-    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock)
+    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices)
     return Serving(intake, pool, admission, replier, routes, rate, reuse, remote)
