@@ -4,9 +4,8 @@
 # only publishes MQTT discovery messages; this is what reads them in the test.
 #   ./scripts/setup_ha.sh [VENV]
 # 2024.3.3 is the newest release that installs on Python 3.11 (2024.4 needs 3.12). Besides the
-# core, only what the test's components need is installed: mqtt's paho-mqtt pin, and http's
-# and the frontend-less api's requirements (HA installs missing ones itself at start-up, which
-# the test forbids with --skip-pip so that it never reaches the network).
+# core, what the integrations it sets up need is installed here (HA would install missing ones
+# itself at start-up, which the test forbids with --skip-pip so that it never reaches the network).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +13,7 @@ HA_VERSION="2024.3.3"
 VENV="${1:-.cache/ha-venv}"
 PY="$VENV/bin/python"
 
-if [ -x "$PY" ] && "$PY" -c "import homeassistant.const as c, paho.mqtt, aiohttp_cors; assert c.__version__ == '$HA_VERSION'" 2>/dev/null; then
+if [ -x "$PY" ] && "$PY" -c "import homeassistant.const as c, paho.mqtt, aiohttp_cors, hass_frontend, PIL, sqlalchemy, numpy; assert c.__version__ == '$HA_VERSION'" 2>/dev/null; then
     exit 0
 fi
 echo "setup_ha: installing homeassistant==$HA_VERSION into $VENV" >&2
@@ -23,21 +22,30 @@ python3 -m venv "$VENV"
 # The core with HA's own pins (package_constraints.txt ships inside the wheel, read after install).
 "$PY" -m pip install -q "homeassistant==$HA_VERSION"
 CONSTRAINTS="$("$PY" -c 'import homeassistant, os; print(os.path.join(os.path.dirname(homeassistant.__file__), "package_constraints.txt"))')"
-# Component requirements (their manifest.json "requirements"): mqtt, http (+ its deps).
+# Component requirements (their manifest.json "requirements"), for the integrations HA sets up
+# whatever the config says (bootstrap's DEFAULT_INTEGRATIONS: frontend, person, backup, ... -- a
+# failed one sends HA into recovery mode) plus the test's mqtt, http, api and auth, with the
+# dependencies and after_dependencies of each, transitively.
 REQS="$("$PY" - <<'PY'
-import json, pathlib, homeassistant.components as comps
+import json, pathlib
+from homeassistant import bootstrap
+import homeassistant.components as comps
 root = pathlib.Path(comps.__path__[0])
-want = ["mqtt", "http", "api", "auth", "onboarding", "file_upload", "repairs", "websocket_api", "person", "network"]
-reqs = set()
-for name in want:
+todo = set(bootstrap.DEFAULT_INTEGRATIONS) | set(bootstrap.CORE_INTEGRATIONS) | {"mqtt", "http", "api", "auth"}
+seen, reqs = set(), set()
+while todo:
+    name = todo.pop()
+    seen.add(name)
     manifest = root / name / "manifest.json"
     if manifest.exists():
-        reqs.update(json.loads(manifest.read_text()).get("requirements", []))
+        data = json.loads(manifest.read_text())
+        reqs.update(data.get("requirements", []))
+        todo.update(set(data.get("dependencies", []) + data.get("after_dependencies", [])) - seen)
 print(" ".join(sorted(reqs)))
 PY
 )"
-if [ -n "$REQS" ]; then
-    # shellcheck disable=SC2086
-    "$PY" -m pip install -q -c "$CONSTRAINTS" $REQS
-fi
+# josepy 2 removed what acme (under hass-nabucasa, cloud's library) still imports; camera, which
+# cloud's alexa imports, imports stream, which imports numpy at the top.
+# shellcheck disable=SC2086
+"$PY" -m pip install -q -c "$CONSTRAINTS" $REQS 'josepy<2' numpy
 "$PY" -c "import homeassistant.const as c; print('setup_ha: Home Assistant', c.__version__, 'ready in $VENV')"
