@@ -13,10 +13,12 @@ HA_VERSION="2024.3.3"
 VENV="${1:-.cache/ha-venv}"
 PY="$VENV/bin/python"
 
-if [ -x "$PY" ] && "$PY" -c "import homeassistant.const as c, paho.mqtt, aiohttp_cors, hass_frontend, PIL, sqlalchemy, numpy; assert c.__version__ == '$HA_VERSION'" 2>/dev/null; then
+READY="$VENV/edge-inferd-ha-ready"  # written last: the tests run HA only from a finished venv
+if [ -f "$READY" ] && "$PY" -c "import homeassistant.const as c, paho.mqtt, aiohttp_cors, hass_frontend, PIL, sqlalchemy, numpy; assert c.__version__ == '$HA_VERSION'" 2>/dev/null; then
     exit 0
 fi
 echo "setup_ha: installing homeassistant==$HA_VERSION into $VENV" >&2
+rm -f "$READY"
 python3 -m venv "$VENV"
 "$PY" -m pip install -q --upgrade pip
 # The core with HA's own pins (package_constraints.txt ships inside the wheel, read after install).
@@ -48,4 +50,5 @@ PY
 # cloud's alexa imports, imports stream, which imports numpy at the top.
 # shellcheck disable=SC2086
 "$PY" -m pip install -q -c "$CONSTRAINTS" $REQS 'josepy<2' numpy
-"$PY" -c "import homeassistant.const as c; print('setup_ha: Home Assistant', c.__version__, 'ready in $VENV')"
+"$PY" -c "import homeassistant.const as c; print(c.__version__)" > "$READY"
+echo "setup_ha: Home Assistant $(cat "$READY") ready in $VENV" >&2

@@ -84,7 +84,8 @@ NODE_SENSORS = (
     NodeSensor("cache_hit_rate", "Cache hit rate", _stat("cache.hit_rate", " * 100"), "%", icon="mdi:cached"),
     NodeSensor("models_loaded", "Models loaded",
                "{{ value_json.models.values() | selectattr('loaded') | list | count }}", None, icon="mdi:brain"),
-    NodeSensor("devices", "Discovered devices", _stat("homeassistant.devices"), None, icon="mdi:devices"),
+    NodeSensor("devices", "Discovered devices", "{{ value_json.homeassistant.devices "
+               "if value_json.homeassistant is defined else 'None' }}", None, icon="mdi:devices"),
 )
 
 
