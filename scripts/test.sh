@@ -2,7 +2,8 @@
 # The whole test suite, from nothing: ./scripts/test.sh [pytest args]
 # Installs what it needs itself: .venv (runtime + pytest), mosquitto, and .venv-tflite
 # (tflite-runtime with numpy<2) for the backend parity tests, and the real third-party models
-# the tests run (scripts/fetch_test_models.sh: once, into .cache/test-models; checked after).
+# the tests run (scripts/fetch_test_models.sh: once, into .cache/test-models; checked after), and
+# Home Assistant in .cache/ha-venv (scripts/setup_ha.sh) for the discovery tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -13,6 +14,10 @@ if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskca
     .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.2,<3' 'orjson>=3.9' 'pillow>=10'
 fi
 export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
+
+# A real Home Assistant for tests/integration/test_homeassistant.py (its own venv, ~1.5 min once;
+# never a dependency of the daemon). Optional: where it cannot be installed those tests skip.
+./scripts/setup_ha.sh || echo "test: Home Assistant is not installable here; its tests will be skipped" >&2
 
 ./scripts/fetch_test_models.sh .cache/test-models
 export EDGE_INFERD_TEST_MODELS="$PWD/.cache/test-models"
