@@ -15,7 +15,7 @@ if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskca
 fi
 export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
 
-# A real Home Assistant for tests/integration/test_homeassistant.py (its own venv, ~1.5 min once;
+# A real Home Assistant for tests/integration/test_homeassistant.py (its own venv, ~2 min once;
 # never a dependency of the daemon). Optional: where it cannot be installed those tests skip.
 ./scripts/setup_ha.sh || echo "test: Home Assistant is not installable here; its tests will be skipped" >&2
 

@@ -36,7 +36,7 @@ def available() -> Optional[str]:
     """Why the HA tests cannot run here, or None when they can."""
     if not (HA_PYTHON.parent.parent / READY_MARK).exists():
         return (f"no finished Home Assistant venv at {HA_PYTHON.parent.parent}: run ./scripts/setup_ha.sh "
-                "(about 1.5 min and 570 MB, once)")
+                "(about 2 min and 570 MB, once)")
     return None
 
 
