@@ -281,7 +281,8 @@ class Service:
                 self._pins = dict(change.digests)
                 self._load_models(change.changed_models)
                 pipes = route_pipelines(self.config, self._models)
-                drift_reference.configure(self.drift, self.config, pipes, self._models)  # changed models: new references
+                # changed models: new references
+                drift_reference.configure(self.drift, self.config, pipes, self._models)
                 self._serving.swap(pipes, self._worker_models)
             except Exception:
                 self.config, self._models = old, old_models
