@@ -99,10 +99,11 @@ class Client:
         self.c.loop_start()
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        """A reconnect to a broker that lost the session (rumqttd and ejabberd keep none across
-        their own restarts) subscribes again, as a real client would."""
+        """Every reconnect subscribes again, as a real client should: rumqttd and ejabberd keep no
+        session across their own restarts, and a SIGKILLed mosquitto restores its last autosave,
+        which may predate a subscription (seen once under load: session present, nothing delivered)."""
         disable_nagle(client.socket())
-        if self.topics and not flags.session_present:
+        if self.topics:
             client.subscribe([(topic, 1) for topic in self.topics])
 
     def _on_message(self, client, userdata, msg) -> None:
