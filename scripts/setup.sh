@@ -38,12 +38,34 @@ if ! compgen -G '/usr/lib/*/ejabberd-[0-9]*/ebin/mod_mqtt.beam' >/dev/null \
     fi
 fi
 
+# The runtime: ai-edge-litert on x86-64 and aarch64. On armv7 there is none of its wheels, so
+# the `tflite` extra (tflite-runtime 2.14, which needs numpy<2); and PyPI has no armv7 wheel of
+# numpy, PyYAML or Pillow either (piwheels has, but is another index): numpy 1.24 and PyYAML 6.0
+# come from Debian (python3-numpy, python3-yaml; the venv sees them through
+# --system-site-packages), and Pillow (Debian's is 9.4, below the >= 10 required) is built from
+# its sdist, with a compiler and the JPEG and zlib headers.
+extras=test
+runtime_module=ai_edge_litert
+venv_flags=""
+case "$(uname -m)" in
+    armv7l|armv8l|armhf)
+        extras=test,tflite
+        runtime_module=tflite_runtime.interpreter
+        venv_flags=--system-site-packages
+        python3 -c 'import numpy, yaml' 2>/dev/null || apt_install python3-numpy python3-yaml
+        if ! command -v cc >/dev/null || [ ! -e /usr/include/jpeglib.h ] || ! python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then
+            apt_install build-essential python3-dev libjpeg62-turbo-dev zlib1g-dev
+        fi
+        ;;
+esac
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
-    python3 -m venv .venv
+    # shellcheck disable=SC2086
+    python3 -m venv $venv_flags .venv
 fi
-if ! .venv/bin/python -c 'import daemon, ai_edge_litert, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5' 2>/dev/null; then
-    echo "setup: installing edge-inferd into .venv (a minute or two)" >&2
+if ! .venv/bin/python -c "import daemon, $runtime_module, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5" 2>/dev/null; then
+    echo "setup: installing edge-inferd[$extras] into .venv (a minute or two; on armv7 Pillow is compiled)" >&2
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[test]'
+    .venv/bin/pip install -q -e ".[$extras]"
 fi

@@ -8,12 +8,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
-if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskcache, paho.mqtt, orjson, PIL' 2>/dev/null; then
-    echo "test: creating .venv-tflite (tflite-runtime 2.14 needs numpy<2 and Python <= 3.11)" >&2
-    python3 -m venv .venv-tflite
-    .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.2,<3' 'orjson>=3.9' 'pillow>=10'
+if .venv/bin/python -c 'import tflite_runtime.interpreter' 2>/dev/null \
+        && ! .venv/bin/python -c 'import ai_edge_litert.interpreter' 2>/dev/null; then
+    # armv7: .venv runs tflite-runtime itself (scripts/setup.sh), and there is no litert to
+    # compare it with: the parity tests skip.
+    export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv/bin/python"
+else
+    if ! .venv-tflite/bin/python -c 'import tflite_runtime.interpreter, yaml, diskcache, paho.mqtt, orjson, PIL' 2>/dev/null; then
+        echo "test: creating .venv-tflite (tflite-runtime 2.14 needs numpy<2 and Python <= 3.11)" >&2
+        python3 -m venv .venv-tflite
+        .venv-tflite/bin/pip install -q 'tflite-runtime==2.14.*' 'numpy<2' pyyaml diskcache 'paho-mqtt>=2.2,<3' 'orjson>=3.9' 'pillow>=10'
+    fi
+    export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
 fi
-export EDGE_INFERD_TFLITE_PYTHON="$PWD/.venv-tflite/bin/python"
 
 # A real Home Assistant for tests/integration/test_homeassistant.py (its own venv, ~2 min once;
 # never a dependency of the daemon). Optional: where it cannot be installed those tests skip.

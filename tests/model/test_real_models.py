@@ -5,6 +5,7 @@ records what the models themselves say)."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import time
 from pathlib import Path
@@ -12,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from ai_edge_litert.interpreter import Interpreter
 from PIL import Image
 
 from daemon.config.loader import load_config
 from daemon.errors import ConfigError
-from daemon.model.runtime import Model
+from daemon.model.runtime import BACKENDS, Model, resolve_backend
 from daemon.pipeline import images
 from daemon.pipeline.request_path import handle
 from daemon.pipeline.route_pipeline import route_pipeline
@@ -65,8 +65,10 @@ def _reply(config_path: Path, route_name: str, payload: bytes) -> dict:
 
 
 def _reference(model_name: str, pixels: np.ndarray) -> list[np.ndarray]:
-    """The plain interpreter's outputs on the same pixels."""
-    interp = Interpreter(model_path=str(real_model(model_name)))
+    """The plain interpreter's outputs on the same pixels (the runtime the daemon picks here:
+    ai-edge-litert, or tflite-runtime on armv7, which has no litert)."""
+    interpreter = importlib.import_module(BACKENDS[resolve_backend()]).Interpreter
+    interp = interpreter(model_path=str(real_model(model_name)))
     interp.allocate_tensors()
     interp.set_tensor(interp.get_input_details()[0]["index"], pixels[None].astype(np.uint8))
     interp.invoke()
