@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Runs the README's quickstart on an ARM Debian under emulation, on an x86-64 Debian/Ubuntu host:
+#
+#   ./scripts/check-arm.sh arm64|armhf [--fresh]
+#
+# Steps, each timed, one summary line per step at the end (and a failure names its step):
+#   host     qemu-user-static, debootstrap and binfmt-support (apt-get when missing), and the
+#            binfmt handler of the architecture enabled, so the root's binaries run under qemu
+#   root     a Debian bookworm root for the architecture (debootstrap), cached in
+#            .cache/arm/<arch>/root and reused while .cache/arm/<arch>/root/.edge-inferd-root is there
+#   copy     `git archive HEAD` of this checkout into /srv/edge-inferd in the root (committed
+#            files only; the venvs and test models of an earlier run there are kept, --fresh drops them)
+#   setup    ./scripts/setup.sh in the root (venv, edge-inferd and its test extra, mosquitto)
+#   demo     ./scripts/demo.sh in the root (fetches the test models and photos first)
+#   unit     ./scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration in the root
+#            (the integration tests take too long under emulation)
+#
+# Nothing runs as a service in the root (a policy-rc.d refuses starts). Every emulated step runs
+# under `nice -n $CHECK_ARM_NICE` (default 10). Each step's output goes to the terminal and to
+# .cache/arm/<arch>/<step>.log; a line every 60 s says a long step is still running.
+# env: CHECK_ARM_MIRROR (default: the first Debian mirror in /etc/apt/sources.list*, else
+#      http://deb.debian.org/debian), CHECK_ARM_CACHE (default .cache/arm), CHECK_ARM_NICE.
+set -euo pipefail
+ROOT_DIR=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT_DIR"
+
+usage() { echo "usage: $0 arm64|armhf [--fresh]" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 2 ] || usage
+ARCH=$1
+FRESH=0
+[ $# -eq 2 ] && { [ "$2" = --fresh ] || usage; FRESH=1; }
+case "$ARCH" in
+    arm64) QEMU=qemu-aarch64; MACHINE=aarch64 ;;
+    armhf) QEMU=qemu-arm; MACHINE=armv7l ;;
+    *) usage ;;
+esac
+SUITE=bookworm
+NICE=${CHECK_ARM_NICE:-10}
+CACHE=${CHECK_ARM_CACHE:-$ROOT_DIR/.cache/arm}/$ARCH
+CHROOT=$CACHE/root
+MARK=$CHROOT/.edge-inferd-root
+PROJECT=/srv/edge-inferd
+HEARTBEAT_S=60
+
+SUMMARY=()
+CURRENT=""
+# A step runs in a pipeline (a subshell): what it wants on its summary line goes through a file.
+note() { echo "$*" > "$CACHE/.note"; }
+annotate() { SUMMARY[${#SUMMARY[@]}-1]="${SUMMARY[${#SUMMARY[@]}-1]}$*"; }
+say() { echo "check-arm[$ARCH]: $*" >&2; }
+fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+print_summary() {
+    local line
+    say "summary ($ARCH, $SUITE, qemu $(qemu_version))"
+    for line in "${SUMMARY[@]}"; do echo "  $line" >&2; done
+}
+qemu_version() { "$QEMU-static" --version 2>/dev/null | head -n1 | sed 's/.*version //' || echo "?"; }
+
+# step NAME COMMAND...: runs it with its output teed to a log, a heartbeat on long steps, the time taken.
+step() {
+    local name=$1 start rc hb
+    shift
+    CURRENT=$name
+    rm -f "$CACHE/.note"
+    start=$(date +%s)
+    say "step $name: $*"
+    ( while sleep "$HEARTBEAT_S"; do say "step $name still running ($(fmt $(($(date +%s) - start))))"; done ) &
+    hb=$!
+    set +e
+    "$@" 2>&1 | tee "$CACHE/$name.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    kill "$hb" 2>/dev/null; wait "$hb" 2>/dev/null || true
+    local took
+    took=$(fmt $(($(date +%s) - start)))
+    if [ "$rc" -ne 0 ]; then
+        SUMMARY+=("$(printf '%-6s FAILED (exit %d) after %s; log: %s' "$name" "$rc" "$took" "$CACHE/$name.log")")
+        print_summary
+        say "FAILED at step $name (exit $rc): see $CACHE/$name.log"
+        exit 1
+    fi
+    SUMMARY+=("$(printf '%-6s ok  %7s  %s' "$name" "$took" "$(cat "$CACHE/.note" 2>/dev/null)")")
+    CURRENT=""
+}
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+mkdir -p "$CACHE"
+
+# --- host
+host_ready() {
+    command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || return 1
+    command -v "$QEMU-static" >/dev/null || return 1
+    command -v update-binfmts >/dev/null || [ -x /usr/sbin/update-binfmts ] || return 1
+}
+do_host() {
+    if ! host_ready; then
+        echo "installing qemu-user-static debootstrap binfmt-support with apt-get"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq qemu-user-static debootstrap binfmt-support >/dev/null
+    fi
+    if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+        $SUDO mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc \
+            || { echo "cannot mount binfmt_misc: the host (or the container) does not allow foreign binaries"; return 1; }
+    fi
+    if ! grep -q '^enabled' "/proc/sys/fs/binfmt_misc/$QEMU" 2>/dev/null; then
+        $SUDO update-binfmts --enable "$QEMU" || true
+    fi
+    grep -q '^enabled' "/proc/sys/fs/binfmt_misc/$QEMU" 2>/dev/null \
+        || { echo "binfmt handler $QEMU is not enabled (update-binfmts --display $QEMU)"; return 1; }
+    echo "qemu $(qemu_version), binfmt $QEMU enabled ($(grep '^flags' "/proc/sys/fs/binfmt_misc/$QEMU"))"
+}
+
+# --- root
+mirror() {
+    if [ -n "${CHECK_ARM_MIRROR:-}" ]; then echo "$CHECK_ARM_MIRROR"; return; fi
+    local m
+    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | grep -v '^[[:space:]]*#' | grep -oE 'https?://[^ ]+/debian/?' | grep -v security | head -n1 || true)
+    echo "${m:-http://deb.debian.org/debian}"
+}
+do_root() {
+    if [ -f "$MARK" ]; then
+        echo "reusing $CHROOT (built $(cat "$MARK"))"
+        note "reused"
+        return 0
+    fi
+    local m
+    m=$(mirror)
+    rm -rf "$CHROOT.tmp"
+    echo "debootstrap --arch=$ARCH $SUITE from $m (several minutes under emulation)"
+    nice -n "$NICE" debootstrap --arch="$ARCH" --include=ca-certificates "$SUITE" "$CHROOT.tmp" "$m"
+    # No daemon starts inside the root when apt installs one (mosquitto, ejabberd).
+    printf '#!/bin/sh\nexit 101\n' > "$CHROOT.tmp/usr/sbin/policy-rc.d"
+    chmod 755 "$CHROOT.tmp/usr/sbin/policy-rc.d"
+    date -u +%FT%TZ > "$CHROOT.tmp/.edge-inferd-root"
+    rm -rf "$CHROOT"
+    mv "$CHROOT.tmp" "$CHROOT"
+    note "debootstrap from $m"
+}
+
+# --- mounts (undone on exit)
+MOUNTED=()
+mount_root() {
+    local d
+    for d in proc sys dev dev/pts; do
+        mountpoint -q "$CHROOT/$d" && continue
+        case $d in
+            proc) $SUDO mount -t proc proc "$CHROOT/proc" ;;
+            sys) $SUDO mount -t sysfs sys "$CHROOT/sys" ;;
+            dev) $SUDO mount --bind /dev "$CHROOT/dev" ;;
+            dev/pts) $SUDO mount -t devpts devpts "$CHROOT/dev/pts" ;;
+        esac
+        MOUNTED=("$CHROOT/$d" "${MOUNTED[@]}")
+    done
+    cp -L /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+}
+unmount_root() {
+    local d
+    for d in "${MOUNTED[@]}"; do $SUDO umount -l "$d" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    unmount_root
+    if [ "$rc" -ne 0 ] && [ -n "$CURRENT" ]; then say "FAILED at step $CURRENT"; fi
+}
+trap cleanup EXIT
+
+# in_root COMMAND: runs a shell command in the project's copy inside the root, niced.
+in_root() {
+    nice -n "$NICE" chroot "$CHROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONUNBUFFERED=1 \
+        /bin/bash -c "cd $PROJECT && $1"
+}
+
+# --- copy
+do_copy() {
+    local dest=$CHROOT$PROJECT keep
+    mkdir -p "$dest"
+    if [ "$FRESH" -eq 1 ]; then
+        rm -rf "$dest"; mkdir -p "$dest"
+    else  # every file of an earlier copy but what the setup made there
+        find "$dest" -mindepth 1 -maxdepth 1 ! -name .venv ! -name '.venv-*' ! -name .cache -exec rm -rf {} +
+    fi
+    git -C "$ROOT_DIR" archive --format=tar HEAD | tar -x -C "$dest"
+    keep=$(cd "$dest" && ls -d .venv .venv-* .cache 2>/dev/null | tr '\n' ' ' || true)
+    note "HEAD $(git -C "$ROOT_DIR" rev-parse --short HEAD)${keep:+; kept from the last run: $keep}"
+    cat "$CACHE/.note"
+}
+
+probe() {
+    in_root 'echo "machine $(uname -m), $(python3 --version 2>&1 || echo no python3 yet)"; [ ! -x .venv/bin/python ] || .venv/bin/python -c "import platform, daemon.model.runtime as r; print(\"venv:\", platform.machine(), platform.python_version(), \"runtime:\", r.resolve_backend())" 2>&1 || true'
+}
+
+step host do_host
+step root do_root
+mount_root
+step copy do_copy
+step setup in_root './scripts/setup.sh'
+annotate "$(probe | tail -n1)"
+step demo in_root './scripts/demo.sh'
+annotate "$(grep -E 'accuracy|ROC-AUC|detect' "$CACHE/demo.log" | sed 's/^ *//' | tr -s ' ' | paste -sd';' | cut -c1-400)"
+step unit in_root './scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration'
+annotate "$(grep -E '[0-9]+ (passed|failed|error)' "$CACHE/unit.log" | tail -n1)"
+print_summary
