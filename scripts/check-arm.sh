@@ -40,6 +40,7 @@ CACHE=${CHECK_ARM_CACHE:-$ROOT_DIR/.cache/arm}/$ARCH
 CHROOT=$CACHE/root
 MARK=$CHROOT/.edge-inferd-root
 PROJECT=/srv/edge-inferd
+BUNDLE=/etc/ssl/certs/ca-certificates.crt  # the root's system store (pip's vendored certifi lacks the host's CAs)
 HEARTBEAT_S=60
 
 SUMMARY=()
@@ -129,7 +130,10 @@ do_root() {
     m=$(mirror)
     rm -rf "$CHROOT.tmp"
     echo "debootstrap --arch=$ARCH $SUITE from $m (several minutes under emulation)"
-    nice -n "$NICE" debootstrap --arch="$ARCH" --include=ca-certificates "$SUITE" "$CHROOT.tmp" "$m"
+    # Its per-package lines (hundreds) stay out of the output; the stage lines show the progress.
+    nice -n "$NICE" debootstrap --arch="$ARCH" --include=ca-certificates "$SUITE" "$CHROOT.tmp" "$m" \
+        | grep --line-buffered -vE '^I: (Retrieving|Validating|Extracting|Unpacking|Configuring) '
+    [ -x "$CHROOT.tmp/bin/bash" ] || { echo "debootstrap left no usable root in $CHROOT.tmp"; return 1; }
     # No daemon starts inside the root when apt installs one (mosquitto, ejabberd).
     printf '#!/bin/sh\nexit 101\n' > "$CHROOT.tmp/usr/sbin/policy-rc.d"
     chmod 755 "$CHROOT.tmp/usr/sbin/policy-rc.d"
@@ -154,6 +158,23 @@ mount_root() {
         MOUNTED=("$CHROOT/$d" "${MOUNTED[@]}")
     done
     cp -L /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+    trust_host_cas
+}
+# The host's own CAs (/usr/local/share/ca-certificates: a proxy's, say) are trusted in the root
+# too, or pip and npm there fail where they work here; the root's store is rebuilt when they change.
+trust_host_cas() {
+    local f changed=0 dest=$CHROOT/usr/local/share/ca-certificates
+    mkdir -p "$dest"
+    for f in /usr/local/share/ca-certificates/*.crt; do
+        [ -f "$f" ] || continue
+        cmp -s "$f" "$dest/$(basename "$f")" && continue
+        cp "$f" "$dest/"
+        changed=1
+    done
+    if [ "$changed" -eq 1 ]; then
+        say "trusting the host's CAs in the root ($(ls "$dest" | tr '\n' ' '))"
+        chroot "$CHROOT" /usr/sbin/update-ca-certificates >/dev/null
+    fi
 }
 unmount_root() {
     local d
@@ -170,6 +191,7 @@ trap cleanup EXIT
 in_root() {
     nice -n "$NICE" chroot "$CHROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONUNBUFFERED=1 \
+        PIP_CERT=$BUNDLE SSL_CERT_FILE=$BUNDLE REQUESTS_CA_BUNDLE=$BUNDLE NODE_EXTRA_CA_CERTS=$BUNDLE \
         /bin/bash -c "cd $PROJECT && $1"
 }
 
