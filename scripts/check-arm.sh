@@ -19,7 +19,12 @@
 # under `nice -n $CHECK_ARM_NICE` (default 10). Each step's output goes to the terminal and to
 # .cache/arm/<arch>/<step>.log; a line every 60 s says a long step is still running.
 # env: CHECK_ARM_MIRROR (default: the first Debian mirror in /etc/apt/sources.list*, else
-#      http://deb.debian.org/debian), CHECK_ARM_CACHE (default .cache/arm), CHECK_ARM_NICE.
+#      http://deb.debian.org/debian), CHECK_ARM_CACHE (default .cache/arm), CHECK_ARM_NICE,
+#      CHECK_ARM_LITERT: a pip version spec for ai-edge-litert put into the root's venv after setup
+#      (e.g. "==1.4.0"). Under qemu-aarch64 7.2 (Debian 12's qemu-user-static) ai-edge-litert
+#      2.3.0 dies with SIGSEGV building any interpreter, with /proc and /sys mounted and
+#      QEMU_CPU=max or cortex-a72 alike; 1.4.0 runs. Emulation's limit or the wheel's is not known
+#      (no ARM hardware here); the daemon's own requirement stays ai-edge-litert>=2.0.
 set -euo pipefail
 ROOT_DIR=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT_DIR"
@@ -219,6 +224,9 @@ step root do_root
 mount_root
 step copy do_copy
 step setup in_root './scripts/setup.sh'
+if [ -n "${CHECK_ARM_LITERT:-}" ]; then
+    step litert in_root ".venv/bin/pip install -q 'ai-edge-litert$CHECK_ARM_LITERT' 2>&1 | grep -v 'dependency conflicts\|requires ai-edge-litert' || true"
+fi
 annotate "$(probe | tail -n1)"
 step demo in_root './scripts/demo.sh'
 annotate "$(grep -E 'accuracy|ROC-AUC|detect' "$CACHE/demo.log" | sed 's/^ *//' | tr -s ' ' | paste -sd';' | cut -c1-400)"
