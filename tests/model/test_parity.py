@@ -7,6 +7,7 @@ named by EDGE_INFERD_TFLITE_PYTHON; tests/parity_helper.py scores there.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def test_backend_scores_differ_by_at_most_their_bound_in_steps(tflite_scores, mo
     assert steps.max() <= bound + 1e-4, f"max {steps.max():.1f} steps on {worst} sample(s)"
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason=(
+    "measured to hold on x86-64 only: on aarch64 (qemu, litert 1.4.0 against tflite-runtime 2.14) "
+    "the scores without XNNPACK differ on activity and appliance (docs/platforms.md); the same top-1 "
+    "and the 8-step bound under XNNPACK are tested there"))
 @pytest.mark.parametrize("model_dir,route_name,config", MODELS, ids=[m[1] for m in MODELS])
 def test_litert_without_xnnpack_is_bit_identical_to_tflite_runtime(tflite_scores, model_dir, route_name, config):
     """`xnnpack: false` runs the same built-in kernels as tflite-runtime: exact parity."""
