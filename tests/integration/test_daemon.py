@@ -13,7 +13,7 @@ import pytest
 from daemon.config.loader import load_config
 from daemon.pipeline.evaluate import validate
 from tests.integration import brokers
-from tests.integration.conftest import ROOT, WAIT_S, Client, write_config
+from tests.integration.conftest import ROOT, WAIT_S, Client, burst, write_config
 
 # Requests a test client keeps outstanding (see daemon/tools/demo.py WINDOW for why clients pace).
 WINDOW = 16
@@ -210,8 +210,10 @@ def test_native_stops_reading_when_the_byte_budget_fills_and_answers_every_qos1_
     client.subscribe("edge-inferd/edge-inferd/stats")
     x, _ = _samples("appliance")
     n = 200
-    for i in range(n):
-        client.publish("plugs/h1/power", json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode(), qos=1)
+    # All at once (a burst, as a gateway replaying its buffer sends it): published one by one, each
+    # after the last one's PUBACK, an idle machine served each before the next came, and nothing held.
+    burst(client, "plugs/h1/power", [json.dumps({"id": i, "data": x[i % len(x)].tolist()}).encode()
+                                     for i in range(n)])
     replies = client.wait_json("results/h1/appliance", n)
     assert sorted(r["id"] for r in replies) == list(range(n))
     assert [r for r in replies if "error" in r] == []  # every one a result, none shed
