@@ -108,6 +108,29 @@ def _grants(flags: object, properties: Optional[Properties]) -> Grants:
                   shared_subscriptions=bool(getattr(properties, "SharedSubscriptionAvailable", 1)))
 
 
+def _paho_client(config: MqttConfig, window: int) -> Client:
+    """paho configured from `mqtt:`: protocol and session, login, TLS, the publish window, the LWT
+    and the reconnect delays (callbacks are the link's to set)."""
+    protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
+    clean_session = None if config.is_v5 else not config.persistent
+    client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
+                    clean_session=clean_session, manual_ack=True)
+    if config.username is not None:
+        client.username_pw_set(config.username, config.password)
+    if config.tls is not None:
+        tls = config.tls
+        # paho's defaults: CERT_REQUIRED and hostname verification (tls_insecure stays False).
+        client.tls_set(ca_certs=_path(tls.ca_file), certfile=_path(tls.cert_file), keyfile=_path(tls.key_file))
+    # paho keeps 20 QoS 1 publishes in flight by default and queues the rest in memory: with
+    # requests acked only after their reply's PUBACK, 20 replies per broker round trip capped
+    # the daemon below its drain rate under sustained load (soak at 0.8x: 71,723 of 213,979
+    # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
+    client.max_inflight_messages_set(window)
+    client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
+    client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
+    return client
+
+
 def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
@@ -130,24 +153,7 @@ class MqttLink(LinkCommon):
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
         self._subscribing = threading.Event()
         self.connected = threading.Event()
-        protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
-        clean_session = None if config.is_v5 else not config.persistent
-        self._client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
-                              clean_session=clean_session, manual_ack=True)
-        if config.username is not None:
-            self._client.username_pw_set(config.username, config.password)
-        if config.tls is not None:
-            tls = config.tls
-            # paho's defaults: CERT_REQUIRED and hostname verification (tls_insecure stays False).
-            self._client.tls_set(ca_certs=_path(tls.ca_file), certfile=_path(tls.cert_file),
-                                 keyfile=_path(tls.key_file))
-        # paho keeps 20 QoS 1 publishes in flight by default and queues the rest in memory: with
-        # requests acked only after their reply's PUBACK, 20 replies per broker round trip capped
-        # the daemon below its drain rate under sustained load (soak at 0.8x: 71,723 of 213,979
-        # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
-        self._client.max_inflight_messages_set(receive_maximum or REPLY_WINDOW)
-        self._client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
-        self._client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
+        self._client = _paho_client(config, receive_maximum or REPLY_WINDOW)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
