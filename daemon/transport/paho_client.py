@@ -14,9 +14,17 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
   burst's requests to intake in one call).
 - **Wake-ups**: every publish or ack queued from another thread writes a byte to
   paho's socketpair to wake its loop (`_packet_queue`: 10% of the samples). A worker
-  that publishes a batch of replies holds the wake-ups (`quiet_wakeups`) and wakes the
-  loop once at the end; packets queued by the loop thread itself (the acks sent when a
-  reply's PUBACK arrives) wake nothing.
+  that publishes a batch of replies holds the wake-ups (`quiet_wakeups`) and, at the
+  end, writes what is queued itself (`_write_here`) on a plain TCP socket when no other
+  thread is writing: the reply leaves without a hop to the loop thread, which woke, then
+  waited for the GIL until the worker was done with the batch (171 µs per reply at p50,
+  632 at p99, at 1,000 requests/s: docs/performance.md, "Writing on the worker's
+  thread"). It wakes the loop instead while another thread writes, when the socket is
+  full, and on TLS and websocket connections (an SSL object is not to be written and read
+  from two threads at once). Packets queued by the loop thread itself (the acks sent when
+  a reply's PUBACK arrives) wake nothing. One lock (`_write_lock`) is held by whoever
+  writes, closes or reconnects the socket, so packets never interleave, and a packet of
+  the last connection is never written on the next.
 - **Held-back replies**: past its in-flight window paho holds QoS>0 publishes back (state
   queued), and on every PUBACK `_update_inflight` walks all unacknowledged publishes from
   the oldest to find the first held-back one: ~1,024 steps per PUBACK once a burst fills
@@ -36,6 +44,8 @@ them against the real paho.
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 from collections import deque
 from contextlib import contextmanager
@@ -94,6 +104,9 @@ class Client(Packets):
                               "remaining_length": 0, "packet": b"", "to_process": 0, "pos": 0}
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
         self._held_back: deque[int] = deque()  # mids paho holds back (state queued), oldest first; its lock
+        # is paho's _out_message_mutex
+        self._write_lock = threading.RLock()  # held to write, close or reconnect the socket (module doc)
+        self._send_error: Optional[OSError] = None  # the last send() failure of a joined run
         self.on_read_burst_end: Optional[Callable[[], None]] = None
         super().__init__(*args, **kwargs)
 
@@ -125,11 +138,29 @@ class Client(Packets):
         finally:
             self._held.wakeups = None
             writer = self._real_sockpair_w
-            if held.owed and writer is not None:
+            if held.owed and writer is not None and not self._write_here():
                 try:
                     writer.send(_WAKE_BYTE)
                 except (BlockingIOError, OSError):
                     pass  # the loop is awake already (buffer full) or the link is closing
+
+    def _write_here(self) -> bool:
+        """Writes the queued packets on this thread, if no other thread is writing and the socket is
+        plain TCP; True when nothing is left for the loop to write (module doc). A packet paho acts
+        on once written (a QoS 0 publish, DISCONNECT) is left to the loop, whose callbacks they are."""
+        if not self._write_lock.acquire(blocking=False):
+            return False
+        try:
+            if not writes_on_caller(self._sock):
+                return False
+            while True:
+                packet = self._join_run()
+                if packet is None:
+                    return not self._out_packet
+                if self._send_run(packet) is not None:
+                    return False  # full, or failing: the loop writes it, or finds the error
+        finally:
+            self._write_lock.release()
 
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._ahead_pos >= len(self._ahead):
@@ -179,14 +210,20 @@ class Client(Packets):
     def reconnect(self) -> MQTTErrorCode:
         """paho's reconnect, remembering the OSError its loop swallows (for `on_connect_fail`)."""
         try:
-            return super().reconnect()
+            with self._write_lock:  # no worker writes the old connection's packets on the new one
+                return super().reconnect()
         except OSError as exc:
             self.last_connect_error = exc
             raise
 
     def _sock_close(self) -> None:
-        self._ahead, self._ahead_pos = b"", 0  # never feed a new connection the old one's bytes
-        super()._sock_close()
+        with self._write_lock:
+            self._ahead, self._ahead_pos = b"", 0  # never feed a new connection the old one's bytes
+            super()._sock_close()
+
+    def loop_write(self) -> MQTTErrorCode:
+        with self._write_lock:
+            return super().loop_write()
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
         try:
@@ -247,28 +284,38 @@ class Client(Packets):
             packet = self._join_run()
             if packet is None:  # nothing queued, or a packet paho acts on once written
                 return super()._packet_write()
-            try:
-                sent = self._sock_send(packet["packet"][packet["pos"] :])
-            except (AttributeError, ValueError):
-                self._out_packet.appendleft(packet)
+            rc = self._send_run(packet)
+            if rc == MQTTErrorCode.MQTT_ERR_CONN_LOST:
+                self._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", self._send_error)
+            if rc is not None:
+                return rc
+
+    def _send_run(self, packet: dict) -> Optional[MQTTErrorCode]:
+        """One send() of a joined run, what is unsent put back first; None: go on writing."""
+        try:
+            sent = self._sock_send(packet["packet"][packet["pos"] :])
+        except (AttributeError, ValueError):  # no socket (closed meanwhile)
+            self._out_packet.appendleft(packet)
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
+        except BlockingIOError:
+            self._out_packet.appendleft(packet)
+            return MQTTErrorCode.MQTT_ERR_AGAIN
+        except OSError as err:
+            self._out_packet.appendleft(packet)
+            self._send_error = err
+            return MQTTErrorCode.MQTT_ERR_CONN_LOST
+        packet["pos"] += sent
+        packet["to_process"] -= sent
+        if packet["to_process"] > 0:
+            self._out_packet.appendleft(packet)  # the rest goes next, first
+            if sent <= 0:
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
-            except BlockingIOError:
-                self._out_packet.appendleft(packet)
-                return MQTTErrorCode.MQTT_ERR_AGAIN
-            except OSError as err:
-                self._out_packet.appendleft(packet)
-                self._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
-                return MQTTErrorCode.MQTT_ERR_CONN_LOST
-            packet["pos"] += sent
-            packet["to_process"] -= sent
-            if packet["to_process"] > 0:
-                self._out_packet.appendleft(packet)  # the rest goes next, first
-                if sent <= 0:
-                    return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return None
 
     def _join_run(self) -> Optional[dict]:
         """The leading packets that need nothing once written, up to WRITE_JOIN_BYTES, as one
-        packet (only this thread takes packets off `_out_packet`; others append to its right)."""
+        packet (only the holder of `_write_lock` takes packets off `_out_packet`; others append to
+        its right)."""
         out = self._out_packet
         if not out or not _needs_nothing_once_sent(out[0]):
             return None
@@ -284,3 +331,10 @@ class Client(Packets):
         joined = b"".join(parts)
         return {"command": PUBACK, "mid": 0, "qos": 1, "pos": 0, "to_process": len(joined), "packet": joined,
                 "info": None}
+
+
+def writes_on_caller(sock: object) -> bool:
+    """Whether a worker may write on this socket while the loop thread reads it: a plain TCP or
+    Unix socket, not TLS (an SSL object read and written from two threads at once is unsafe) nor
+    paho's websocket wrapper."""
+    return isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)

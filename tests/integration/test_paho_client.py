@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 
 import paho.mqtt.client as paho
@@ -67,25 +68,72 @@ def test_read_ahead_delivers_every_packet_in_order_with_fewer_recv_calls(broker,
     assert len(calls) < n  # paho alone makes 3 recv() calls per message
 
 
-def test_quiet_wakeups_wake_the_loop_once_for_a_batch(broker):
-    n = 100
-    sink, got, done = _receiver(broker, "qw/t", n)
+def _batch_sender(broker) -> tuple[paho_client.Client, Counting, list[int]]:
+    """A connected client whose wake-ups are counted and whose send() calls record their thread."""
     c = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     c.max_inflight_messages_set(0)  # unlimited: paho's loop never queues deferred publishes itself
     c.connect("127.0.0.1", broker.port)
     c.loop_start()
     counting = Counting(c._real_sockpair_w)
     c._sockpairW = counting
+    threads: list[int] = []
+    real_send = c._sock_send
+    c._sock_send = lambda buf: threads.append(threading.get_ident()) or real_send(buf)
+    return c, counting, threads
+
+
+def test_a_batch_is_written_on_the_caller_s_thread_in_one_send_without_waking_the_loop(broker):
+    n = 100
+    sink, got, done = _receiver(broker, "qw/t", n)
+    c, counting, threads = _batch_sender(broker)
+    threads.clear()
     with c.quiet_wakeups():
         for i in range(n):
             c.publish("qw/t", str(i).encode(), qos=1)
-    assert counting.sends == 1
-    assert done.wait(WAIT_S) and len(got) == n
+    assert counting.sends == 0 and threads == [threading.get_ident()]  # written here, at the block's end
+    assert done.wait(WAIT_S) and got == [str(i).encode() for i in range(n)]
     c.publish("qw/t", b"outside", qos=1)  # outside the block paho wakes its loop per packet again
-    assert counting.sends == 2
+    assert counting.sends == 1
     for client in (c, sink):
         client.disconnect()
         client.loop_stop()
+
+
+def test_a_batch_wakes_the_loop_once_while_another_thread_writes(broker):
+    n = 100
+    sink, got, done = _receiver(broker, "qw/t", n)
+    c, counting, threads = _batch_sender(broker)
+    held, release = threading.Event(), threading.Event()
+
+    def writing():  # stands for the loop thread (or another worker) in the middle of a write
+        with c._write_lock:
+            held.set()
+            release.wait(WAIT_S)
+
+    other = threading.Thread(target=writing)
+    other.start()
+    assert held.wait(WAIT_S)
+    threads.clear()
+    with c.quiet_wakeups():
+        for i in range(n):
+            c.publish("qw/t", str(i).encode(), qos=1)
+    assert counting.sends == 1 and threads == []  # left to the loop, woken once
+    release.set()
+    other.join()
+    assert done.wait(WAIT_S) and got == [str(i).encode() for i in range(n)]
+    assert threading.get_ident() not in threads
+    for client in (c, sink):
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_only_a_plain_socket_is_written_from_the_caller_s_thread():
+    with socket.socket() as plain:
+        assert paho_client.writes_on_caller(plain)
+        tls = ssl.create_default_context().wrap_socket(plain, server_hostname="broker", do_handshake_on_connect=False)
+        assert not paho_client.writes_on_caller(tls)  # an SSL object is not read and written at once
+        tls.close()
+    assert not paho_client.writes_on_caller(None)
 
 
 def test_a_reconnect_starts_with_an_empty_read_ahead(broker):
