@@ -24,8 +24,11 @@ from daemon.pipeline.route_pipeline import CacheBatch, Clock, Outcome, Request, 
 
 
 def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
-                 cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None) -> Outcome:
-    """Requests of one route -> one reply each. Errors other than PayloadError propagate."""
+                 cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None,
+                 finish_s: float = 0.0) -> Outcome:
+    """Requests of one route -> one reply each. Errors other than PayloadError propagate.
+    `finish_s`: how long the batch is expected to take; a request whose deadline would pass by
+    then is answered `expired`, not served late."""
     if not pipe.route.uses_cache:
         cache = None  # an image route: camera frames never repeat, so a key would cost and save nothing
     stages: dict[str, float] = {}
@@ -34,7 +37,7 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
     decoded, x = _decode_all(pipe, requests, replies)
     now = clock()
     stages["decode"] = now - started
-    decoded, x = _live_rows(pipe, requests, decoded, x, replies, now)
+    decoded, x = _live_rows(pipe, requests, decoded, x, replies, now, finish_s)
     fresh: list[CacheBatch] = []
     if decoded:
         rows = [requests[i] for i, _ in decoded]
@@ -138,13 +141,14 @@ def _decode_all(pipe: RoutePipeline, requests: Sequence[Request],
 
 
 def _live_rows(pipe: RoutePipeline, requests: Sequence[Request], decoded: list[tuple[int, codecs.Decoded]],
-               x: np.ndarray, replies: list, now: float) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
-    """The decoded requests still to serve and their rows of `x`: the expired and the non-finite
-    are answered and left out."""
+               x: np.ndarray, replies: list, now: float,
+               finish_s: float) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
+    """The decoded requests still to serve and their rows of `x`: the expired (by the batch's
+    expected end) and the non-finite are answered and left out."""
     keep = []
     for row, (i, d) in enumerate(decoded):
         if requests[i].deadline is not None or d.timeout_ms is not None:
-            replies[i] = _expired(pipe, requests[i], d, now)
+            replies[i] = _expired(pipe, requests[i], d, now, finish_s)
             if replies[i] is not None:
                 continue
         keep.append(row)
@@ -167,14 +171,19 @@ def _finite_rows(pipe: RoutePipeline, decoded: list[tuple[int, codecs.Decoded]],
     return [entry for ok, entry in zip(finite, decoded) if ok], x[finite]
 
 
-def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now: float) -> Optional[dict]:
-    """The `expired` reply when the request's deadline has passed before inference, else None."""
+def _expired(pipe: RoutePipeline, request: Request, decoded: codecs.Decoded, now: float,
+             finish_s: float = 0.0) -> Optional[dict]:
+    """The `expired` reply when the request's deadline has passed before inference, or would
+    pass before its batch is done (`finish_s` from now), else None."""
     deadline = request.deadline
     if decoded.timeout_ms is not None:
         own = request.received_at + decoded.timeout_ms / 1000.0
         deadline = own if deadline is None else min(deadline, own)
-    if deadline is None or now < deadline:
+    if deadline is None or now + finish_s < deadline:
         return None
+    if now < deadline:
+        return pipe.error(decoded.request_id, EXPIRED, f"deadline {(deadline - now) * 1000.0:.1f} ms away, and "
+                          f"its batch is expected to take {finish_s * 1000.0:.1f} ms")
     return pipe.error(decoded.request_id, EXPIRED,
                       f"deadline passed {(now - deadline) * 1000.0:.1f} ms before inference")
 

@@ -10,7 +10,10 @@ small requests that fits is served however many it holds):
   the broker, which holds it at QoS 1, instead of being answered `overloaded`. QoS 0
   requests, which no broker holds, are still answered `overloaded` past the budget;
 - latency: a request whose own deadline (an MQTT v5 message expiry) would pass before a
-  worker reaches it is answered `expired` at once. A request without a deadline is queued
+  worker reaches it and serves it alone is answered `expired` at once. A worker then cuts
+  each batch so that it is done before the earliest deadline in it (workers.py), and the
+  pipeline answers `expired` a request whose deadline its batch would pass: a result is
+  never knowingly late. A request without a deadline is queued
   however long the predicted wait while the bytes fit: the broker holds the backlog
   safely at QoS 1, and its client never said it would give up. Only an operator's
   `workers.max_wait_ms` (opt-in, off by default) caps every request's predicted wait,
@@ -83,6 +86,10 @@ class CostModel:
         """Seconds one request costs when served in batches of `batch_size`."""
         return self.a + self.b / max(1, batch_size)
 
+    def batch(self, n: int) -> float:
+        """Seconds a batch of n takes, decode to published replies."""
+        return self.a * n + self.b
+
 
 # Made once per request on paho's thread: slotted, not frozen (see jobs.Job); never assigned after.
 @dataclass(slots=True)
@@ -144,8 +151,9 @@ class Admission:
             if self._max_wait is not None and wait > self._max_wait:
                 return Refusal(OVERLOADED, f"predicted wait {wait * _MS:.0f} ms exceeds workers.max_wait_ms "
                                f"{self._max_wait * _MS:.0f}; retry later")
-            if deadline is not None and self._clock() + wait >= deadline:
-                return Refusal(EXPIRED, f"predicted wait {wait * _MS:.0f} ms passes the request's deadline")
+            if deadline is not None and self._clock() + wait + self._batch(route, 1) >= deadline:
+                return Refusal(EXPIRED, f"predicted wait {wait * _MS:.0f} ms and its own "
+                               f"{self._batch(route, 1) * _MS:.1f} ms pass the request's deadline")
             cost = self._cost(route)
             self.queued_bytes += nbytes
             self.queued_work_s += cost
@@ -176,6 +184,16 @@ class Admission:
     def cost_per_request_s(self, route: str) -> float:
         with self._lock:
             return self._cost(route)
+
+    def batch_seconds(self, route: str, n: int) -> float:
+        """How long a batch of n of `route` is expected to take (0 until measured): a worker cuts a
+        batch so that it ends before the earliest deadline in it (workers.py)."""
+        with self._lock:
+            return self._batch(route, n)
+
+    def _batch(self, route: str, n: int) -> float:
+        model = self._costs.get(route)
+        return model.batch(n) if model else 0.0
 
     def _cost(self, route: str) -> float:
         """A route's measured cost per request at a full batch; 0 until measured (lock held)."""

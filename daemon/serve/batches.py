@@ -107,7 +107,8 @@ class BatchProcessor:
     def _run_pipeline(self, model: Runner, pipe: RoutePipeline, group: list[Job], requests: list[Request]) -> Outcome:
         try:
             return request_path.handle_batch(pipe, requests, model, self._cache, self._clock,
-                                             self._reuse.get(pipe.route.name))
+                                             self._reuse.get(pipe.route.name),
+                                             self._admission.batch_seconds(pipe.route.name, len(group)))
         except Exception:  # a model or cache bug: isolate the request that causes it
             if len(group) == 1:
                 return Outcome([self._internal(group[0], sys.exc_info()[1])])

@@ -99,6 +99,7 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
         workers.max, lambda i: WorkerContext(make_models(i), by_name), batches.process, batching.max_batch,
         batching.max_delay_ms / 1000.0,
         deadline_of=lambda job: job.inbound.deadline, arrival_of=lambda job: job.inbound.received_at, clock=clock,
+        batch_seconds=lambda job, n: admission.batch_seconds(job.pipe.route.name, n),
         scaler=Autoscaler(workers.min, workers.max, workers.scale_up_wait_ms / 1000.0, workers.scale_down_after_s,
                           clock),
         on_resize=admission.set_workers)

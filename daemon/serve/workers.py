@@ -5,9 +5,10 @@ room: what may queue is decided before, by `admission.Admission` (bytes and pred
 wait), so the queue itself is unbounded here. It returns False only while stopping.
 
 The batch loop follows Ray Serve's `wait_for_batch`: block for the first job, then take
-what is queued up to `max_batch`; with `max_delay_s` > 0, wait for more until that
-window, measured from the first job's arrival, closes, but never past the earliest deadline in
-the batch. An idle queue never waits. When several workers are idle, a worker takes only
+what is queued up to `max_batch`, and no more than the batch can serve before the earliest
+deadline in it (`batch_seconds`, the measured batch time); with `max_delay_s` > 0, wait for
+more until that window, measured from the first job's arrival, closes, but never past the
+earliest deadline in the batch. An idle queue never waits. When several workers are idle, a worker takes only
 its share of what is queued, so a short queue is split rather than served by one.
 
 Interpreters are not thread-safe, so each worker gets a private context (its own
@@ -51,10 +52,13 @@ class WorkerPool(Generic[J, C]):
     def __init__(self, size: int, make_context: Callable[[int], C], process: Callable[[C, list[J]], None],
                  max_batch: int = 1, max_delay_s: float = 0.0,
                  deadline_of: Callable[[J], Optional[float]] = lambda job: None,
+                 batch_seconds: Callable[[J, int], float] = lambda job, n: 0.0,
                  arrival_of: Optional[Callable[[J], float]] = None, clock: Callable[[], float] = time.monotonic,
                  name: str = "worker", scaler: Optional[Autoscaler] = None,
                  on_resize: Callable[[int], None] = lambda workers: None):
-        """`size` is the fixed size, or the most an adaptive `scaler` (min < max) may grow to."""
+        """`size` is the fixed size, or the most an adaptive `scaler` (min < max) may grow to.
+        `batch_seconds(first, n)`: how long a batch of n led by `first` is expected to take; a batch
+        is cut where it would end past the earliest deadline in it."""
         self._size = size
         self._scaler = scaler if scaler is not None and not scaler.fixed else None
         self._on_resize = on_resize
@@ -63,6 +67,7 @@ class WorkerPool(Generic[J, C]):
         self._max_batch = max_batch
         self._max_delay = max_delay_s
         self._deadline_of = deadline_of
+        self._batch_seconds = batch_seconds
         self._arrival_of = arrival_of or (lambda job: clock())
         self._clock = clock
         self._name = name
@@ -165,7 +170,7 @@ class WorkerPool(Generic[J, C]):
             if not self._queue:
                 return None
             share = math.ceil(len(self._queue) / (self._idle + 1))
-            batch = [self._queue.popleft() for _ in range(min(self._max_batch, share))]
+            batch = self._cut(min(self._max_batch, share))
             if self._scaler is not None:
                 self._scaler.observe(self._clock() - self._arrival_of(batch[0]))
             if self._max_delay > 0 and len(batch) < self._max_batch:
@@ -173,6 +178,27 @@ class WorkerPool(Generic[J, C]):
             self._busy += 1
             self._last_progress = self._clock()
             return batch
+
+    def _cut(self, limit: int) -> list[J]:
+        """Up to `limit` queued jobs (lock held), fewer where one more would make the batch end past
+        the earliest deadline in it: a deadline is met by serving a smaller batch, not missed by
+        waiting for a full one. The first job is taken whatever its deadline (the pipeline answers
+        it `expired` if even alone it cannot make it)."""
+        queue = self._queue
+        first = queue.popleft()
+        batch = [first]
+        earliest = self._deadline_of(first)
+        now = None
+        while len(batch) < limit and queue:
+            deadline = self._deadline_of(queue[0])
+            if deadline is not None and (earliest is None or deadline < earliest):
+                earliest = deadline
+            if earliest is not None:
+                now = self._clock() if now is None else now
+                if now + self._batch_seconds(first, len(batch) + 1) > earliest:
+                    break
+            batch.append(queue.popleft())
+        return batch
 
     def _fill(self, batch: list[J]) -> None:
         """Wait (lock held by the caller, released while waiting) for more jobs until the window closes."""

@@ -114,3 +114,15 @@ def test_bad_input_and_expiry_are_error_replies():
     assert late["error"]["code"] == "expired" and late["id"] == "q"
     assert transport_deadline["error"]["code"] == "expired"
     assert "label" in in_time and model.calls == [1]
+
+
+def test_a_request_its_batch_would_make_late_is_expired_and_the_rest_are_served():
+    model = FakeModel()
+    requests = [Request(_request([1, 1, 0, 0]), 0.0, deadline=0.5),  # 0.5 s left, the batch takes 0.3
+                Request(_request([1, 1, 0, 0], timeout_ms=200), 0.0),  # its own timeout: 0.2 s left
+                Request(_request([-1, -1, 0, 0]), 0.0, deadline=0.25),
+                Request(_request([-1, -1, 0, 0]), 0.0)]  # no deadline
+    replies = handle_batch(PIPE, requests, model, None, lambda: 0.0, finish_s=0.3).replies
+    assert [r.get("error", {}).get("code") for r in replies] == [None, "expired", "expired", None]
+    assert "its batch is expected to take 300.0 ms" in replies[1]["error"]["message"]
+    assert model.calls == [2]  # only the two that can make it were run

@@ -3,6 +3,7 @@
 - no deadline: queued however long the predicted wait, while the byte budget holds;
 - `workers.max_wait_ms`, when an operator sets it: past it, `overloaded` at once;
 - a v5 message expiry that the predicted wait passes: `expired` at admission;
+- one that even the request's own measured service time passes, with nothing queued: the same;
 - a v5 message expiry already run out when the request is read: `expired`, and counted.
 """
 
@@ -62,8 +63,18 @@ def test_an_expiry_run_out_before_the_request_is_read_is_answered_expired_and_co
     clock, stats = FakeClock(100.0), Stats()
     d, rec = _slow_serving(clock, stats)
     d.intake.on_message(_inbound("sensors/d1/imu", _request(0), 1, received_at=97.0, expiry_s=3))  # ran out now
-    d.intake.on_message(_inbound("sensors/d1/imu", _request(1), 2, received_at=97.0, expiry_s=4))  # 1 s left
+    d.intake.on_message(_inbound("sensors/d1/imu", _request(1), 2, received_at=97.0, expiry_s=14))  # 11 s left
     assert _codes(rec) == [(0, "expired")] and rec.acked == [1] and d.pool.depth == 1
     assert "before it was read" in rec.published[0][1]["error"]["message"]
     assert stats.count(EXPIRED_ON_ARRIVAL) == 1 and stats.count("errors.expired") == 1
     assert stats.count("received") == 2
+
+
+def test_a_deadline_its_own_service_time_passes_is_expired_at_admission_with_nothing_queued():
+    clock, stats = FakeClock(100.0), Stats()
+    d, rec = _slow_serving(clock, stats)  # a request takes 10 s to serve
+    d.intake.on_message(_inbound("sensors/d1/imu", _request(0), 1, received_at=clock.now, expiry_s=5))
+    d.intake.on_message(_inbound("sensors/d1/imu", _request(1), 2, received_at=clock.now, expiry_s=11))
+    assert _codes(rec) == [(0, "expired")] and d.pool.depth == 1  # 5 s left, 10 s of work: never in time
+    assert "its own 10000.0 ms" in rec.published[0][1]["error"]["message"]
+

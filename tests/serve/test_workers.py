@@ -49,6 +49,31 @@ def test_the_fill_window_waits_for_more_but_never_past_the_earliest_deadline():
     assert pool.take() == [2, 3]
 
 
+def test_a_batch_is_cut_where_one_more_job_would_end_it_past_the_earliest_deadline():
+    clock = FakeClock(100.0)
+    deadlines = {2: 100.35, 5: 100.45}  # the other jobs have none
+    pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=8,
+                                            deadline_of=deadlines.get, clock=clock,
+                                            batch_seconds=lambda first, n: 0.1 * n)
+    for job in range(8):
+        pool.submit(job)
+    assert pool.take() == [0, 1, 2]  # a fourth would end the batch at 100.4, past job 2's 100.35
+    clock.now = 100.1
+    assert pool.take() == [3, 4, 5]  # ends at 100.4, before job 5's 100.45; a fourth: 100.5
+    assert pool.take() == [6, 7]  # no deadline: up to max_batch
+
+
+def test_a_first_job_that_cannot_make_its_deadline_is_still_taken_alone():
+    clock = FakeClock(100.0)
+    pool: WorkerPool[int, int] = WorkerPool(1, lambda i: i, lambda c, j: None, max_batch=8,
+                                            deadline_of={0: 100.05}.get, clock=clock,
+                                            batch_seconds=lambda first, n: 0.1 * n)
+    for job in range(3):
+        pool.submit(job)
+    assert pool.take() == [0]  # the pipeline answers it expired; the others are not held behind it
+    assert pool.take() == [1, 2]
+
+
 def test_idle_workers_split_a_short_queue():
     pool: WorkerPool[int, int] = WorkerPool(2, lambda i: i, lambda c, j: None, max_batch=32)
     for job in range(6):
