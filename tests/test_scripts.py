@@ -20,6 +20,18 @@ def _run(*args: str) -> str:
 
 def test_profile_worker_runs():
     assert "worker path" in _run("scripts/profile_worker.py", "--n", "20")
+    out = _run("scripts/profile_worker.py", "--n", "20", "--route", "gunpoint", "--serving")
+    assert "serving at batch 1" in out and "worker path" in out
+
+
+def test_trace_latency_times_every_request_at_each_point():
+    out = _run("scripts/trace_latency.py", "--duration", "1")
+    counts = out.split("; the last")[0].splitlines()[-1]  # "1050 read, 1050 take, 1050 reply, 1053 published ..."
+    read, taken, replied, published = (int(part.split()[0]) for part in counts.split(", "))
+    assert read == taken == replied >= 1000  # 1,000/s for 1 s (and the warm-up), each request at each point
+    assert published >= replied  # every reply written (and the status and stats)
+    for stage in ("read -> taken", "taken -> reply queued", "reply queued -> written", "read -> written"):
+        assert stage in out
 
 
 def test_bench_reuse_runs_and_reports_every_epsilon():
