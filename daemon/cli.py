@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -186,6 +187,8 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from daemon.tools.status import fetch, render
 
+    if args.watch is not None:
+        return _watch_status(args)
     try:
         nodes = fetch(args.broker, args.client_id)
     except OSError as exc:
@@ -195,6 +198,34 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"no edge-inferd node {args.client_id or ''} on {args.broker}".replace("  ", " "), file=sys.stderr)
         return EXIT_FAIL
     print(render(nodes))
+    return EXIT_OK
+
+
+def _watch_status(args: argparse.Namespace) -> int:
+    """`status --watch`: the table redrawn until Ctrl-C (or SIGTERM)."""
+    import threading
+
+    from daemon.tools.status import NodeFeed
+    from daemon.tools.status_watch import watch
+
+    if args.watch <= 0:
+        print("error: --watch: SECONDS must be above 0", file=sys.stderr)
+        return EXIT_FAIL
+    feed = NodeFeed(args.broker, args.client_id)
+    try:
+        feed.start()
+    except OSError as exc:
+        print(f"error: cannot reach the broker at {args.broker}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    heading = f"edge-inferd status --watch: {args.broker}, every {args.watch:g} s (Ctrl-C stops)"
+    try:
+        watch(feed, args.watch, sys.stdout, stop, heading)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        feed.stop()
     return EXIT_OK
 
 

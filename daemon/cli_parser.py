@@ -187,12 +187,17 @@ def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
 def _add_status(sub: argparse._SubParsersAction) -> None:
     status = _command(sub, "status", "a node's retained status and stats, as a table", (
         "Read the retained edge-inferd/<client_id>/status and .../stats topics from the broker\n"
-        "and print them as a table. Exits 1 when the broker is unreachable or has no node."),
-        example="edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1")
+        "and print them as a table. Exits 1 when the broker is unreachable or has no node. With --watch,\n"
+        "stay subscribed and redraw the table (requests/s, p50/p99, errors by code, queue, workers,\n"
+        "drift) every few seconds, as the nodes publish their stats (every stats_interval_s)."),
+        example="edge-inferd status --broker gateway.local:1883 --client-id edge-inferd-gw1 --watch")
     status.add_argument("--broker", default="localhost:1883", metavar="ADDRESS",
                         help="the broker: HOST[:PORT], mqtt://... or mqtts://... (default localhost:1883)")
     status.add_argument("--client-id", metavar="ID",
                         help="the node's mqtt.client_id (default: every node on the broker)")
+    status.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                        help="keep following the nodes and redraw their table every SECONDS (default 2; "
+                             "80 columns; Ctrl-C stops)")
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

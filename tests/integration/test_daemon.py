@@ -319,6 +319,34 @@ def test_status_command_prints_the_node_as_a_table(tmp_path, broker, client, sta
     assert missing.returncode == 1 and "no edge-inferd node nobody" in missing.stderr
 
 
+def test_status_watch_redraws_the_table_as_the_stats_come_and_stops_on_ctrl_c(tmp_path, broker, client,
+                                                                               start_daemon):
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import activity_payloads
+
+    start_daemon(write_config(tmp_path, stats_interval_s=0.2), wait_online=client)
+    watch = subprocess.Popen([sys.executable, "-m", "daemon", "status", "--watch", "0.2", "--broker", broker.address,
+                              "--client-id", "edge-inferd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    client.subscribe("results/+/activity")
+    burst(client, "sensors/w1/imu", activity_payloads(20))
+    client.wait_count("results/w1/activity", 20)
+    seen: list[str] = []
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and not any("results 20" in line for line in seen):
+        seen.append(watch.stdout.readline().rstrip("\n"))  # a table per 0.2 s: the wait is bounded by them
+    watch.send_signal(signal.SIGINT)
+    rest, errors = watch.communicate(timeout=WAIT_S)
+    lines = seen + rest.splitlines()
+    assert watch.returncode == 0, errors
+    assert any("results 20" in line for line in lines), "\n".join(lines[-20:])  # the live stats, not one read
+    assert sum(line.startswith("edge-inferd status --watch:") for line in lines) >= 2  # redrawn
+    assert any(line.startswith("node edge-inferd  online") for line in lines)
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+
+
 @pytest.mark.brokers()
 def test_two_daemons_with_one_client_id_are_told_so(tmp_path, broker, start_daemon, transport):
     """The broker drops the older of two clients with one id. mosquitto and rumqttd give no reason:
