@@ -110,9 +110,8 @@ class MqttConfig:
     """The on-disk outbox (daemon/transport/outbox.py)."""
     transport: str = PAHO
     """The MQTT client underneath: `paho` (paho-mqtt, the default) or `native` (on trial: the `mqtt5`
-    Rust codec, daemon/transport/native.py, about half paho's CPU per request, and it stops reading
-    instead of shedding when `workers.queue_mb` is full; docs/performance.md says why it is not the
-    default yet). Same delivery rules; native needs protocol 5, qos 0 or 1 and
+    Rust codec, daemon/transport/native.py, cheaper per request on some workloads;
+    docs/performance.md says why it is not the default yet). Same delivery rules; native needs protocol 5, qos 0 or 1 and
     `pip install 'edge-inferd[native]'`. `auto`: native where it can be, else paho."""
     host: str = field(init=False, default="", metadata={"doc": False})
     port: int = field(init=False, default=0, metadata={"doc": False})

@@ -168,10 +168,9 @@ class WorkersConfig:
     `scale_up_wait_ms` with a worker idle for this long; at most one per this many seconds."""
     queue_mb: float = 64.0
     """Memory budget of queued requests (payload bytes plus a fixed overhead each). A burst
-    that fits is served however many messages it holds. Past it, on the native transport, the
-    daemon stops reading until the workers have taken the queue below 75 % of it: QoS 1 requests
-    wait at the broker, none is shed (stats `queue.holds`); QoS 0 requests, and every request on
-    the paho transport, are answered `overloaded`."""
+    that fits is served however many messages it holds. Past it the daemon stops reading until
+    the workers have taken the queue below 75 % of it: QoS 1 requests wait at the broker, none is
+    shed (stats `queue.holds`); QoS 0 requests, which no broker holds, are answered `overloaded`."""
     max_wait_ms: Optional[float] = None
     """Off (null) by default: deadlines decide shedding. A request without one (no v5 message
     expiry, no `timeout_ms` in its JSON) is queued while the bytes fit `queue_mb`, however long

@@ -124,6 +124,7 @@ class Admission:
         self._lock = threading.Lock()
         self._costs: dict[str, CostModel] = {}
         self.queued_bytes = 0
+        self.peak_bytes = 0  # the most ever queued: the budget, plus at most a read burst while holding
         self.queued_work_s = 0.0
 
     def set_workers(self, workers: int) -> None:
@@ -156,6 +157,7 @@ class Admission:
                                f"{self._batch(route, 1) * _MS:.1f} ms pass the request's deadline")
             cost = self._cost(route)
             self.queued_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
             self.queued_work_s += cost
         return Ticket(nbytes, cost)
 

@@ -73,6 +73,7 @@ class Serving:
 
     def queue_state(self) -> dict:
         return {"depth": self.pool.depth, "busy": self.pool.busy, "bytes": self.admission.queued_bytes,
+                "peak_bytes": self.admission.peak_bytes,
                 "predicted_wait_ms": round(self.admission.predicted_wait_s() * 1000.0, 1),
                 "holds": self.admission.holds, "holding": not self.admission.has_room()}
 

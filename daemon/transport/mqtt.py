@@ -37,8 +37,8 @@ that shape this module:
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped.
 - Intake gets the requests of one read burst (all that one `loop_read` pass decoded,
-  at most MAX_BURST) in one call, in order, at the burst's end (`on_read_burst_end`,
-  paho_client.py): one hand-off per burst, not per message.
+  at most MAX_BURST or MAX_BURST_BYTES) in one call, in order, at the burst's end
+  (`on_read_burst_end`, paho_client.py): one hand-off per burst, not per message.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ REPLY_WINDOW = 1024
 # first of its requests waits for at most this many to be decoded (~1 ms), not the whole burst
 # (with read-ahead, a backlog reads as one burst for as long as bytes keep coming).
 MAX_BURST = 64
+# ... or of at most about these many payload bytes: admission sees a filling budget within a read
+# burst, and reading holds (paho_client.py) before the burst has taken in more than this past it.
+MAX_BURST_BYTES = 1 << 16
 
 
 def disable_nagle(sock: object) -> None:
@@ -139,9 +142,11 @@ class MqttLink(LinkCommon):
     """One paho client: status, intake of the given filters, replies and acks."""
 
     def __init__(self, config: MqttConfig, filters: Sequence[str], on_burst: Callable[[Sequence[Inbound]], None],
-                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None, largest_request: int = 0):
+                 receive_maximum: Optional[int] = None, outbox: Optional[Outbox] = None, largest_request: int = 0,
+                 may_read: Callable[[], bool] = lambda: True):
         """`largest_request`: the largest request payload a route accepts, checked against the broker's
-        Maximum Packet Size (broker_grants.py)."""
+        Maximum Packet Size (broker_grants.py). `may_read`: False while the daemon's byte budget is
+        full; nothing more is read until it is True again (paho_client.py, "Holding")."""
         self._config = config
         self._receive_maximum = receive_maximum
         self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
@@ -149,6 +154,7 @@ class MqttLink(LinkCommon):
         self._filters = tuple(config.subscription(f) for f in filters)  # routing matches the bare filters
         self._handler = on_burst  # the requests of one read burst, in order (one hand-off, not one per message)
         self._burst: list[Inbound] = []  # the read burst so far (paho's loop thread only)
+        self._burst_bytes = 0  # its payloads' bytes
         self._accepting = threading.Event()
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
         self._subscribing = threading.Event()
@@ -161,6 +167,7 @@ class MqttLink(LinkCommon):
         self._client.on_publish = self._on_publish
         self._client.on_connect_fail = self._on_connect_fail
         self._client.on_read_burst_end = self._hand_on_burst
+        self._client.may_read = may_read
         self._log = ThrottledLog(logger)
         self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
         self._stopping = False
@@ -240,7 +247,8 @@ class MqttLink(LinkCommon):
                 self._acks.ack(inbound)
                 return
             self._burst.append(inbound)
-            if len(self._burst) >= MAX_BURST:
+            self._burst_bytes += len(inbound.payload)
+            if len(self._burst) >= MAX_BURST or self._burst_bytes >= MAX_BURST_BYTES:
                 self._hand_on_burst()
         except Exception:  # paho's loop thread must survive anything a message does
             logger.exception("failed to hand on a message from %r", msg.topic)
@@ -251,7 +259,7 @@ class MqttLink(LinkCommon):
         burst = self._burst
         if not burst:
             return
-        self._burst = []
+        self._burst, self._burst_bytes = [], 0
         if not self._accepting.is_set():
             return
         try:

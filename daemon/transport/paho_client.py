@@ -30,6 +30,14 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
   the oldest to find the first held-back one: ~1,024 steps per PUBACK once a burst fills
   the window (18% of the samples). Here the held-back mids wait in a deque, in paho's
   order, and each PUBACK sends the next one in O(1).
+- **Holding**: while `may_read()` is False (the daemon's byte budget is full: serve/admission.py)
+  no `recv()` is made (what the read-ahead holds is still handled: at most 64 KiB past the
+  budget), and `loop_read` sleeps HELD_POLL_S, so a backlog waits at the broker, which keeps
+  it at QoS 1, instead of being answered `overloaded` (the native link does the same). The
+  check is in `_sock_recv`, because paho's `loop_read` reads as many packets as there are
+  publishes in flight, in one call.
+  Replies still leave (a worker writes them itself); their PUBACKs are read once reading resumes.
+  A PINGREQ waiting for its PINGRESP is always read, so keepalive never drops a held link.
 - **Writes**: `_packet_write` gives each queued packet its own `send()`, so a batch of
   replies, and the PUBACKs of a read burst, each cost a system call. Here each run of queued
   packets that need nothing done once written (all but QoS 0 publishes and DISCONNECT,
@@ -38,7 +46,7 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
 The packets themselves are decoded and made without paho's per-packet objects where they
 carry no properties (paho_packets.py). All rely on paho 2.x internals (`_sock_recv`,
 `_sock_close`, `_sockpairW`, `_update_inflight`, `_out_messages`, `_out_packet`, `_in_packet`,
-`_packet_handle`, pinned by `paho-mqtt>=2.2,<3`); tests/integration/test_paho_client.py checks
+`_packet_handle`, `_ping_t`, pinned by `paho-mqtt>=2.2,<3`); tests/integration/test_paho_client.py checks
 them against the real paho.
 """
 
@@ -47,6 +55,7 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
+import time
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
@@ -67,6 +76,8 @@ READ_AHEAD_BYTES = 1 << 16
 WRITE_JOIN_BYTES = 1 << 16
 _DISCONNECT = 0xE0
 _REMAINING_LENGTH_BYTES = 4  # MQTT's remaining length takes 1 to 4 bytes
+# While reading is held (`may_read` False), how often the loop asks again.
+HELD_POLL_S = 0.005
 # What paho writes to its socketpair to wake the loop (any single byte does).
 _WAKE_BYTE = b"0"
 
@@ -108,6 +119,7 @@ class Client(Packets):
         self._write_lock = threading.RLock()  # held to write, close or reconnect the socket (module doc)
         self._send_error: Optional[OSError] = None  # the last send() failure of a joined run
         self.on_read_burst_end: Optional[Callable[[], None]] = None
+        self.may_read: Callable[[], bool] = lambda: True  # False holds reading (the daemon's byte budget is full)
         super().__init__(*args, **kwargs)
 
     # paho assigns and reads `_sockpairW`; a thread holding its wake-ups sees the stand-in, and
@@ -164,6 +176,8 @@ class Client(Packets):
 
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._ahead_pos >= len(self._ahead):
+            if self._holding():  # paho reads one loop_read's packets in a loop of its own: stop it here
+                raise BlockingIOError("holding: the byte budget is full")
             data = super()._sock_recv(max(bufsize, READ_AHEAD_BYTES))
             if len(data) <= bufsize:
                 return data
@@ -225,7 +239,14 @@ class Client(Packets):
         with self._write_lock:
             return super().loop_write()
 
+    def _holding(self) -> bool:
+        """Reading is held: the budget is full, and no PINGREQ waits for its PINGRESP."""
+        return self._ping_t == 0 and not self.may_read()
+
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        if self._ahead_pos >= len(self._ahead) and self._holding():
+            time.sleep(HELD_POLL_S)  # the broker keeps what is unread (QoS 1) until there is room
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
         try:
             rc = super().loop_read(max_packets)
             while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._ahead_pos < len(self._ahead) and self._sock:

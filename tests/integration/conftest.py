@@ -209,6 +209,17 @@ def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", transport: O
     return path
 
 
+LARGE = ROOT / "models/appliance_large"
+# appliance_large's own route (models/appliance_large/config.yaml) on this node's appliance topics:
+# ~7.5 ms a trace, so a burst of them queues (and its results are worth a disk read).
+LARGE_ROUTE = {"name": "appliance", "subscribe": "plugs/+/power", "model": "appliance_large",
+               "input": {"format": "json", "shape": [1460], "dtype": "float32"},
+               "preprocess": [{"standardize": {"axis": 0}}, {"clip": {"min": -3.0, "max": 3.0}},
+                              {"reshape": {"shape": [1460, 1]}}],
+               "output": {"top_k": 3}, "publish": "results/{1}/appliance"}
+LARGE_MODELS = {"appliance_large": {"path": str(LARGE / "model.tflite"), "labels": str(LARGE / "labels.txt")}}
+
+
 class Daemon:
     """`edge-inferd run` as a child process, with its log kept for failures."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.conftest import ROOT, Client, burst, write_config
+from tests.integration.conftest import LARGE_MODELS, LARGE_ROUTE, ROOT, Client, burst, write_config
 
 TMPFS_SIZE = "2m"
 _CHUNK = b"\0" * 65536
@@ -78,18 +78,8 @@ def serve_twice(client, topic: str, reply_topic: str, payloads: list[bytes]) -> 
     serve_all(client, topic, reply_topic, payloads)
 
 
-LARGE = ROOT / "models/appliance_large"
-# appliance_large's own route (models/appliance_large/config.yaml) on this node's request topics.
-LARGE_ROUTE = {"name": "appliance", "subscribe": "plugs/+/power", "model": "appliance_large",
-               "input": {"format": "json", "shape": [1460], "dtype": "float32"},
-               "preprocess": [{"standardize": {"axis": 0}}, {"clip": {"min": -3.0, "max": 3.0}},
-                              {"reshape": {"shape": [1460, 1]}}],
-               "output": {"top_k": 3}, "publish": "results/{1}/appliance"}
-
-
 def large_model_config(tmp_path: Path, cache_dir: Path) -> Path:
-    models = {"appliance_large": {"path": str(LARGE / "model.tflite"), "labels": str(LARGE / "labels.txt")}}
-    return write_config(tmp_path, cache={"dir": str(cache_dir)}, models=models, routes=[LARGE_ROUTE])
+    return write_config(tmp_path, cache={"dir": str(cache_dir)}, models=LARGE_MODELS, routes=[LARGE_ROUTE])
 
 
 def test_a_full_cache_disk_costs_no_reply_and_each_episode_is_logged_once(tmp_path, small_fs, broker, start_daemon):

@@ -13,7 +13,7 @@ import pytest
 from daemon.config.loader import load_config
 from daemon.pipeline.evaluate import validate
 from tests.integration import brokers
-from tests.integration.conftest import ROOT, WAIT_S, Client, burst, write_config
+from tests.integration.conftest import LARGE_MODELS, LARGE_ROUTE, ROOT, WAIT_S, Client, burst, write_config
 
 # Requests a test client keeps outstanding (see daemon/tools/demo.py WINDOW for why clients pace).
 WINDOW = 16
@@ -198,13 +198,13 @@ def test_past_the_byte_budget_requests_are_answered_overloaded_never_dropped(tmp
     assert "label" in served
 
 
-def test_native_stops_reading_when_the_byte_budget_fills_and_answers_every_qos1_request_with_a_result(
-        tmp_path, client, start_daemon):
-    pytest.importorskip("mqtt5", reason="mqtt.transport: native needs the mqtt5 wheel")
+def test_reading_stops_when_the_byte_budget_fills_and_every_qos1_request_gets_a_result(
+        tmp_path, client, start_daemon, transport):
     # queue_mb 0.1 (~100 KiB) holds 3 appliance JSON requests (~28 KiB each) of a 200-request QoS 1 burst:
-    # the paho link answers the rest `overloaded` (the test above); the native one holds them at the broker.
-    config = write_config(tmp_path, transport="native", workers={"max": 1, "queue_mb": 0.1},
-                          cache={"enabled": False}, stats_interval_s=0.2)
+    # QoS 0 ones past it are answered `overloaded` (the test above); QoS 1 ones wait at the broker. The
+    # route serves appliance_large (~7.5 ms a trace): read without a hold, the burst would queue whole.
+    config = write_config(tmp_path, transport=transport, workers={"max": 1, "queue_mb": 0.1},
+                          cache={"enabled": False}, stats_interval_s=0.2, models=LARGE_MODELS, routes=[LARGE_ROUTE])
     start_daemon(config, wait_online=client)
     client.subscribe("results/h1/appliance")
     client.subscribe("edge-inferd/edge-inferd/stats")
@@ -219,6 +219,9 @@ def test_native_stops_reading_when_the_byte_budget_fills_and_answers_every_qos1_
     assert [r for r in replies if "error" in r] == []  # every one a result, none shed
     stats = client.wait_json_until("edge-inferd/edge-inferd/stats", lambda s: s["results"] >= n)
     assert stats["queue"]["holds"] >= 1 and stats["errors"] == {}
+    # Held, not queued: past the budget by at most what one read burst took in (64 KiB of read-ahead
+    # and the request it cut), against 200 x ~28 KiB = 5.6 MB had the burst been read whole.
+    assert stats["queue"]["peak_bytes"] <= 0.1 * 2**20 + 200 * 1024, stats["queue"]
 
 
 def test_an_idle_daemon_stopped_by_sigterm_exits_0_and_leaves_a_retained_offline(tmp_path, broker, client,

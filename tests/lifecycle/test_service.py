@@ -86,7 +86,7 @@ def test_the_stats_snapshot_reports_the_cache_hit_rate_and_the_queue(tmp_path):
     finally:
         service.shutdown()
     assert snapshot["cache"]["hit_rate"] == 0.0 and snapshot["cache"]["entries"] == 0
-    assert snapshot["queue"] == {"depth": 0, "busy": 0, "bytes": 0, "predicted_wait_ms": 0.0,
+    assert snapshot["queue"] == {"depth": 0, "busy": 0, "bytes": 0, "peak_bytes": 0, "predicted_wait_ms": 0.0,
                                  "holds": 0, "holding": False}
     for key in ("received", "results", "errors", "workers", "models", "latency_ms", "reconnects", "outbox",
                 "uptime_s", "batch_size"):
