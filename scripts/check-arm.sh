@@ -11,6 +11,11 @@
 #   copy     `git archive HEAD` of this checkout into /srv/edge-inferd in the root (committed
 #            files only; the venvs and test models of an earlier run there are kept, --fresh drops them)
 #   setup    ./scripts/setup.sh in the root (venv, edge-inferd and its test extra, mosquitto)
+#   seed     the host's test models (CHECK_ARM_TEST_MODELS, default .cache/test-models here) copied
+#            into the root's .cache/test-models when they are there: data files (.tflite, photos,
+#            labels), the same on every architecture. The root's fetch_test_models.sh still checks
+#            each against its pinned sha256 and fetches what is missing or wrong, so only the
+#            download (apt-get install npm under emulation, about 11 min) is saved
 #   demo     ./scripts/demo.sh in the root (fetches the test models and photos first)
 #   unit     ./scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration in the root
 #            (the integration tests take too long under emulation)
@@ -20,7 +25,7 @@
 # .cache/arm/<arch>/<step>.log; a line every 60 s says a long step is still running.
 # env: CHECK_ARM_MIRROR (default: the first Debian mirror in /etc/apt/sources.list*, else
 #      http://deb.debian.org/debian), CHECK_ARM_CACHE (default .cache/arm), CHECK_ARM_NICE,
-#      CHECK_ARM_LITERT: a pip version spec for ai-edge-litert put into the root's venv after setup
+#      CHECK_ARM_TEST_MODELS (empty: no seeding, the root fetches its own), CHECK_ARM_LITERT: a pip version spec for ai-edge-litert put into the root's venv after setup
 #      (e.g. "==1.4.0"). Under qemu-aarch64 7.2 (Debian 12's qemu-user-static) ai-edge-litert
 #      2.3.0 dies with SIGSEGV building any interpreter, with /proc and /sys mounted and
 #      QEMU_CPU=max or cortex-a72 alike; 1.4.0 runs. Emulation's limit or the wheel's is not known
@@ -215,6 +220,19 @@ do_copy() {
     cat "$CACHE/.note"
 }
 
+# --- seed: copies files only; the fetch in the root verifies them (sha256) before any test reads them
+SEED=${CHECK_ARM_TEST_MODELS-$ROOT_DIR/.cache/test-models}
+do_seed() {
+    local dest=$CHROOT$PROJECT/.cache/test-models f n=0
+    mkdir -p "$dest"
+    for f in "$SEED"/*; do
+        [ -f "$f" ] || continue
+        cmp -s "$f" "$dest/$(basename "$f")" || { cp "$f" "$dest/"; n=$((n + 1)); }
+    done
+    note "$n file(s) copied from $SEED"
+    cat "$CACHE/.note"
+}
+
 probe() {
     in_root 'echo "machine $(uname -m), $(python3 --version 2>&1 || echo no python3 yet)"; [ ! -x .venv/bin/python ] || .venv/bin/python -c "import platform, daemon.model.runtime as r; print(\"venv:\", platform.machine(), platform.python_version(), \"runtime:\", r.resolve_backend())" 2>&1 || true'
 }
@@ -228,6 +246,7 @@ if [ -n "${CHECK_ARM_LITERT:-}" ]; then
     step litert in_root ".venv/bin/pip install -q 'ai-edge-litert$CHECK_ARM_LITERT' 2>&1 | grep -v 'dependency conflicts\|requires ai-edge-litert' || true"
 fi
 annotate "$(probe | tail -n1)"
+if [ -n "$SEED" ] && [ -d "$SEED" ]; then step seed do_seed; fi
 step demo in_root './scripts/demo.sh'
 annotate "$(grep -E 'accuracy|ROC-AUC|detect' "$CACHE/demo.log" | sed 's/^ *//' | tr -s ' ' | paste -sd';' | cut -c1-400)"
 step unit in_root 'EDGE_INFERD_SKIP_HA=1 ./scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration'
