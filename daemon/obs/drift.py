@@ -91,7 +91,9 @@ class Reference:
             edges = tuple(float(v) for v in np.unique(np.quantile(s, np.arange(1, SCORE_BINS) / SCORE_BINS)))
             quantiles = {name: float(np.quantile(s, q)) for name, q in QUANTILES} if s.size else None
             return cls(source, int(s.size), edges, _bin_counts(s, edges), None, quantiles)
-        labels = np.bincount(np.asarray(indices, dtype=np.int64), minlength=n_labels) if len(s) else \
+        # intp, not int64: bincount casts its input to intp "safely", and on a 32-bit machine
+        # (armv7, numpy 1.24) int64 does not cast to int32: the daemon failed at start-up there.
+        labels = np.bincount(np.asarray(indices, dtype=np.intp), minlength=n_labels) if len(s) else \
             np.zeros(n_labels, dtype=np.int64)
         return cls(source, int(s.size), CLASSIFY_SCORE_EDGES, _bin_counts(s, CLASSIFY_SCORE_EDGES),
                    tuple(int(c) for c in labels))

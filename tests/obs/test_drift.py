@@ -49,6 +49,14 @@ def test_same_distribution_reads_near_zero_a_shifted_one_above_the_threshold():
     assert measures["labels"] > WARN and measures["score"] > WARN
 
 
+def test_a_reference_counts_top1_indices_of_any_integer_dtype():
+    # evaluate hands over int64 indices; on armv7 (32-bit, numpy 1.24) bincount refused them
+    # ("Cannot cast array data from dtype('int64') to dtype('int32')") and the daemon died at start-up.
+    for dtype in (np.int64, np.int32, np.intp, np.uint8):
+        reference = Reference.of("classify", [0.9, 0.8, 0.7], np.array([0, 3, 3], dtype=dtype), len(LABELS))
+        assert reference.label_counts == (1, 0, 0, 2)
+
+
 def test_the_window_slides_the_oldest_answer_out():
     reference = Reference.of("classify", [0.95] * 4, [0, 1, 2, 3], len(LABELS))
     drift = RouteDrift("classify", LABELS, DriftConfig(window=4, min_answers=4), reference)
