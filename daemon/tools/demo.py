@@ -218,6 +218,9 @@ def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun
     if not client.wait_for(lambda: client.status == STATUS_ONLINE or daemon.poll() is not None, _READY_TIMEOUT_S):
         print("daemon did not come online")
         return False
+    if daemon.poll() is not None:  # died before it came online (its log is printed after the stop)
+        print(f"daemon: exited with code {daemon.returncode} before it came online")
+        return False
     print(f"daemon: online (pid {daemon.pid}); replaying {sum(len(r.x) for r in runs.values())} samples")
     outstanding = lambda: sum(len(r.sent_at) - len(r.answers) for r in runs.values())  # noqa: E731
     for run in runs.values():

@@ -19,7 +19,7 @@ from daemon.config.loader import load_config
 from daemon.config.reader import absolute_paths
 from daemon.pipeline.scoring import roc_auc
 from daemon.tools import demo_camera
-from daemon.tools.demo import FIRST_ANSWERS, WINDOW, answer_lines, run_demo, summary_lines
+from daemon.tools.demo import FIRST_ANSWERS, WINDOW, _replay, answer_lines, run_demo, summary_lines
 from daemon.tools.demo_kinds import ANOMALY_SAMPLES, VALUES_SAMPLES, RouteRun, balanced, sample_indices
 from tests.real_models import real_model
 
@@ -263,3 +263,21 @@ def test_the_demo_shows_the_camera_on_the_fetched_detector(monkeypatch, tmp_path
     assert _summary(out)["camera"].startswith("found 2/2 (the expected object is the top detection)  answered 2/2")
     assert re.search(r"^camera +#0 +ok +astronaut 640x480 +expected person +found person 0\.\d\d \(", out, re.M)
     assert re.search(r"^camera +#1 +ok +chelsea 640x480 +expected cat +found cat ", out, re.M)
+
+
+def test_a_daemon_that_dies_before_it_is_online_fails_the_demo_at_once(capsys):
+    # On armv7 the daemon died at start-up (a 32-bit bincount cast): the demo said "online"
+    # and then waited out every route's answer timeout before failing.
+    class Client:
+        def wait_for(self, predicate, timeout_s):
+            return predicate()
+
+        status = None
+
+        def send(self, *_):
+            raise AssertionError("nothing is sent to a dead daemon")
+
+    daemon = SimpleNamespace(poll=lambda: 1, returncode=1, pid=4242)
+    run = RouteRun(SimpleNamespace(name="r"), np.zeros((3, 2)), np.zeros(3), ["a"])
+    assert _replay(Client(), daemon, {"r": run}, None) is False
+    assert capsys.readouterr().out == "daemon: exited with code 1 before it came online\n"
