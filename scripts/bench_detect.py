@@ -18,8 +18,9 @@ timestamped by a thread); one paho publisher (MQTT v5, QoS 1, a wide in-flight w
 frames pre-encoded; each publish carries a fresh CorrelationData, which every consumer echoes).
 Each round starts each consumer in turn, as its own process, and stops it after its phases:
 
-- `naive`: `python -m daemon.tools.baselines naive-detect` (Pillow, ai_edge_litert and the
-  reply inside paho's `on_message`; the model's `threads: 1`);
+- `naive`: `python -m daemon.tools.baselines naive-detect` (Pillow, ai_edge_litert (tflite_runtime
+  where litert is not installed, as on armv7) and the reply inside paho's `on_message`; the
+  model's `threads: 1`);
 - `daemon-t1` / `daemon-t2`: `edge-inferd run` with the model's `threads: 1` / `2` and the
   daemon's defaults otherwise (workers.max = the CPU count, the result cache on, batching's
   defaults), `mqtt.session_expiry_s: 0`; `--set section.key=value` changes one (e.g.

@@ -15,8 +15,8 @@
 - `naive-detect`: the camera script most people write, for a `detect` route on an SSD
   (TFLite_Detection_PostProcess: boxes, classes, scores, count): inside `on_message`, Pillow
   decodes the JPEG or PNG, stretches it to the model's input (BILINEAR, the daemon's filter, so
-  both see the same pixels), ai_edge_litert's own Interpreter (the model's `threads`) invokes
-  it, and the detections scoring at least `output.min_score` (at most `output.max_results`,
+  both see the same pixels), the runtime's own Interpreter (ai_edge_litert's; tflite_runtime's
+  where litert is not installed, as on armv7; the model's `threads`) invokes it, and the detections scoring at least `output.min_score` (at most `output.max_results`,
   best first, boxes in the sent picture's pixels) are published as JSON. No daemon code on
   the message's way.
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
@@ -126,7 +126,10 @@ def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[
 
 def make_detect_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes], str]]:
     """The route and the naive camera script's per-message body: image bytes in, detections JSON out."""
-    from ai_edge_litert.interpreter import Interpreter
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:  # armv7: tflite-runtime is the only runtime there (no litert wheel)
+        from tflite_runtime.interpreter import Interpreter
     from PIL import Image
 
     config, route = _route(config_path, route_name)
