@@ -23,13 +23,14 @@ from daemon.pipeline.route_pipeline import route_pipeline
 from daemon.transport.inbound import Inbound
 from daemon.model.runtime import Model
 from daemon.obs.stats import Stats
+from tests.floats import SUBNORMALS
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 30.0
 LABELS = (ROOT / "models/activity/labels.txt").read_text().split()
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_subnormal=SUBNORMALS) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=8), children, max_size=5),
     max_leaves=40)
 requests = st.one_of(
@@ -37,7 +38,7 @@ requests = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.builds(lambda i, d: json.dumps({"id": i, "data": d}).encode(), json_values, json_values),
     st.builds(lambda i, rows: json.dumps({"id": i, "data": rows}).encode(), json_values,
-              st.lists(st.lists(st.floats(width=32), min_size=6, max_size=6), min_size=100, max_size=100)),
+              st.lists(st.lists(st.floats(width=32, allow_subnormal=SUBNORMALS), min_size=6, max_size=6), min_size=100, max_size=100)),
     st.integers(1, 5000).map(lambda depth: b'{"id": 1, "data": ' + b"[" * depth + b"]" * depth + b"}"),
 )
 

@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 
 from daemon.pipeline.kinds.detect import Box
 from daemon.pipeline.scoring import detection_pr, mae, rmse, roc_auc, threshold_at_fpr
+from tests.floats import SUBNORMALS
 
 # --- roc_auc ------------------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ def test_threshold_at_fpr_needs_both_classes():
         threshold_at_fpr(np.array([0, 0]), np.array([0.1, 0.2]), 0.1)
 
 
-@given(_labelled, st.floats(0.0, 0.99))
+@given(_labelled, st.floats(0.0, 0.99, allow_subnormal=SUBNORMALS))
 def test_threshold_at_fpr_is_the_smallest_threshold_within_the_rate(rows, fpr):
     y = np.array([label for label, _ in rows])
     scores = np.array([score for _, score in rows], dtype=float)
