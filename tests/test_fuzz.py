@@ -38,7 +38,8 @@ requests = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.builds(lambda i, d: json.dumps({"id": i, "data": d}).encode(), json_values, json_values),
     st.builds(lambda i, rows: json.dumps({"id": i, "data": rows}).encode(), json_values,
-              st.lists(st.lists(st.floats(width=32, allow_subnormal=SUBNORMALS), min_size=6, max_size=6), min_size=100, max_size=100)),
+              st.lists(st.lists(st.floats(width=32, allow_subnormal=SUBNORMALS), min_size=6, max_size=6),
+                       min_size=100, max_size=100)),
     st.integers(1, 5000).map(lambda depth: b'{"id": 1, "data": ' + b"[" * depth + b"]" * depth + b"}"),
 )
 

@@ -16,8 +16,9 @@
   (TFLite_Detection_PostProcess: boxes, classes, scores, count): inside `on_message`, Pillow
   decodes the JPEG or PNG, stretches it to the model's input (BILINEAR, the daemon's filter, so
   both see the same pixels), the runtime's own Interpreter (ai_edge_litert's; tflite_runtime's
-  where litert is not installed, as on armv7; the model's `threads`) invokes it, and the detections scoring at least `output.min_score` (at most `output.max_results`,
-  best first, boxes in the sent picture's pixels) are published as JSON. No daemon code on
+  where litert is not installed, as on armv7; the model's `threads`) invokes it, and the
+  detections scoring at least `output.min_score` (at most `output.max_results`, best first,
+  boxes in the sent picture's pixels) are published as JSON. No daemon code on
   the message's way.
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
   in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
