@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -46,7 +47,10 @@ def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else pip may see the checkout as installed
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
                    check=True, timeout=BUILD_TIMEOUT_S, env=clean)
-    env = {**os.environ, "PYTHONPATH": sysconfig.get_path("purelib")}
+    # Every site directory of the test's environment: on armv7 numpy and PyYAML come from Debian's
+    # dist-packages (scripts/setup.sh's --system-site-packages venv), not from the venv's purelib.
+    sites = [sysconfig.get_path("purelib")] + [p for p in site.getsitepackages() if p != sysconfig.get_path("purelib")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sites)}
     where = subprocess.run([str(python), "-c", "import daemon.serve.wiring as m; print(m.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert where.returncode == 0 and where.stdout.startswith(str(venv)), where.stdout + where.stderr
