@@ -1,12 +1,16 @@
 """How far ai-edge-litert's scores are from tflite-runtime's on this machine, per bundled model.
 
-    .venv/bin/python scripts/parity_report.py [TFLITE_PYTHON]   (default: .venv-tflite/bin/python)
+    .venv/bin/python scripts/parity_report.py [TFLITE_PYTHON | SCORES.npz]   (default: .venv-tflite/bin/python)
 
 Scores every test sample of the models tests/model/test_parity.py checks: tflite-runtime in
 its own venv (tests/parity_helper.py), litert here with XNNPACK (the default) and without
 (`xnnpack: false`). Prints one line per model and setting: the machine, the worst difference
 in output quantization steps, on how many samples the scores differ at all, and whether the
 top-1 is the same on every sample. docs/models.md and docs/platforms.md quote its lines.
+
+SCORES.npz instead: tflite-runtime's scores written elsewhere by tests/parity_helper.py (the
+same arguments as below), e.g. on an armv7 machine, which has no litert: litert here is then
+compared with tflite-runtime there, and the lines say so.
 """
 
 from __future__ import annotations
@@ -30,13 +34,18 @@ from tests.model.test_parity import MODELS  # noqa: E402
 
 
 def main(tflite_python: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "tflite.npz"
-        args = [str(v) for triple in MODELS for v in triple]
-        subprocess.run([tflite_python, str(ROOT / "tests/parity_helper.py"), str(out), *args], check=True)
-        with np.load(out) as data:
-            tflite = {k: data[k] for k in data.files}
     machine = platform.machine()
+    if tflite_python.endswith(".npz"):  # scored elsewhere (tests/parity_helper.py there)
+        with np.load(tflite_python) as data:
+            tflite = {k: data[k] for k in data.files}
+        machine = f"{machine} (litert) vs {tflite_python} (tflite-runtime):"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "tflite.npz"
+            args = [str(v) for triple in MODELS for v in triple]
+            subprocess.run([tflite_python, str(ROOT / "tests/parity_helper.py"), str(out), *args], check=True)
+            with np.load(out) as data:
+                tflite = {k: data[k] for k in data.files}
     for model_dir, route_name, config in MODELS:
         route = find_route(load_config(config, check_models=False), route_name)
         with np.load(model_dir / "test.npz") as data:
