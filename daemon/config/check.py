@@ -15,7 +15,10 @@ from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, Config, ModelConfig,
 from daemon.model.interface import detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
 from daemon.model import preprocess
-from daemon.model.runtime import Model
+from daemon.model.crash_probe import crash_loading
+from daemon.model.runtime import Model, resolve_backend
+
+_TFLITE = "tflite"  # the backend that does not verify a model file (model/crash_probe.py)
 
 
 def cross_check(r: Reader, config: Config, check_models: bool) -> None:
@@ -67,6 +70,9 @@ def _check_models(r: Reader, config: Config) -> None:
         p, m = f"models.{name}", models_raw.get(name)
         if r.ok(f"{p}.path", f"{p}.sha256"):
             try:
+                crash = crash_loading(mc.path, _TFLITE) if resolve_backend(config.runtime) == _TFLITE else None
+                if crash is not None:  # tflite-runtime does not verify a model: a bad one kills the loader
+                    raise ModelError(mc.path, crash)
                 loaded[name] = open_model(config, name, max_batch=1)
             except (ModelError, DaemonError) as exc:
                 r.error(m, "path", p, str(exc))
