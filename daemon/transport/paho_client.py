@@ -6,7 +6,7 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
 - **Reads**: `_packet_read` takes each packet in two to four `recv()` calls (one byte
   for the command, one per remaining-length byte, then the body), each a system call:
   `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead up to
-  64 KiB and serves the following packets from memory. `loop_read` keeps going while
+  128 KiB and serves the following packets from memory. `loop_read` keeps going while
   read-ahead bytes remain, because `select()` cannot see them. A PUBLISH or PUBACK that
   lies whole in the read-ahead is framed straight from it (`_frame`), not byte by byte
   through `_sock_recv` and paho's `_in_packet` bookkeeping. What one `loop_read` call
@@ -31,8 +31,8 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
   the window (18% of the samples). Here the held-back mids wait in a deque, in paho's
   order, and each PUBACK sends the next one in O(1).
 - **Holding**: while `may_read()` is False (the daemon's byte budget is full: serve/admission.py)
-  no `recv()` is made (what the read-ahead holds is still handled: at most 64 KiB past the
-  budget), and `loop_read` sleeps HELD_POLL_S, so a backlog waits at the broker, which keeps
+  no `recv()` is made (what the read-ahead holds is still handled: at most READ_AHEAD_BYTES
+  past the budget), and `loop_read` sleeps HELD_POLL_S, so a backlog waits at the broker, which keeps
   it at QoS 1, instead of being answered `overloaded` (the native link does the same). The
   check is in `_sock_recv`, because paho's `loop_read` reads as many packets as there are
   publishes in flight, in one call.
@@ -70,8 +70,11 @@ try:  # paho 2.2 turns decoding errors into MalformedPacket (and its _packet_rea
 except ImportError:  # pragma: no cover - paho 2.1
     _Malformed = ()
 
-# One recv() reads up to this much: many requests' worth of packets.
-READ_AHEAD_BYTES = 1 << 16
+# One recv() reads up to this much: many requests' worth of packets. Each recv() lets the GIL go
+# and waits to get it back from the workers: 128 KiB against 64 cut activity's 12.75 KB requests
+# from 246/225 to 201/198 µs each, gunpoint's 3.4 KB ones from 169/178 to 165/171
+# (docs/performance.md, "Writing on the worker's thread").
+READ_AHEAD_BYTES = 1 << 17
 # One send() writes up to about this much of the queued packets (at least one packet).
 WRITE_JOIN_BYTES = 1 << 16
 _DISCONNECT = 0xE0
