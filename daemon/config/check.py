@@ -18,8 +18,6 @@ from daemon.model import preprocess
 from daemon.model.crash_probe import crash_loading
 from daemon.model.runtime import Model, resolve_backend
 
-_TFLITE = "tflite"  # the backend that does not verify a model file (model/crash_probe.py)
-
 
 def cross_check(r: Reader, config: Config, check_models: bool) -> None:
     """Duplicate route names and filters, unknown models; then (check_models) the files."""
@@ -70,7 +68,7 @@ def _check_models(r: Reader, config: Config) -> None:
         p, m = f"models.{name}", models_raw.get(name)
         if r.ok(f"{p}.path", f"{p}.sha256"):
             try:
-                crash = crash_loading(mc.path, _TFLITE) if resolve_backend(config.runtime) == _TFLITE else None
+                crash = crash_loading(mc.path, resolve_backend(config.runtime))
                 if crash is not None:  # tflite-runtime does not verify a model: a bad one kills the loader
                     raise ModelError(mc.path, crash)
                 loaded[name] = open_model(config, name, max_batch=1)

@@ -340,7 +340,6 @@ class Service:
         self._serving = wiring.build(pipes, cache, self.stats,
                                      self.config.workers, self._worker_models, self.config.batching,
                                      escalation_topic=self.config.mqtt.escalation_topic,
-                                     hold=True,  # both links stop reading while the byte budget is full
                                      drift=self.drift,
                                      devices=self._devices if self._devices.enabled else None)
 
@@ -352,9 +351,9 @@ class Service:
 
     def _connect(self) -> None:
         options: dict = {"receive_maximum": receive_maximum(self.config.workers), "outbox": self._open_outbox(),
-                         "largest_request": max((r.input.max_bytes for r in self.config.routes), default=0)}
+                         "largest_request": max((r.input.max_bytes for r in self.config.routes), default=0),
+                         "may_read": self._serving.admission.has_room}  # a full byte budget stops reading
         link_type = MqttLink
-        options["may_read"] = self._serving.admission.has_room  # a full byte budget stops reading
         if self.config.mqtt.transport == NATIVE:  # imported only when chosen: mqtt5 has no wheel everywhere
             from daemon.transport.native import NativeLink as link_type
         self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst, **options)

@@ -3,7 +3,7 @@
 Deadlines decide shedding, not a guess. Neither bound is a message count (a burst of
 small requests that fits is served however many it holds):
 - memory: the bytes of queued requests stay within `workers.queue_mb`; past it a request
-  is answered `overloaded`, unless the transport can stop reading (`hold`: the native link).
+  is answered `overloaded`, unless the transport can stop reading (`hold`: both links do).
   Then a QoS 1 request past the budget is queued anyway (the overshoot is at most the rest of
   one read burst) and `has_room()` turns False, so the link reads nothing more until the
   workers have taken the queue back below `RESUME_SHARE` of the budget: the backlog waits at

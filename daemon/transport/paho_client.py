@@ -120,7 +120,6 @@ class Client(Packets):
         self._held_back: deque[int] = deque()  # mids paho holds back (state queued), oldest first; its lock
         # is paho's _out_message_mutex
         self._write_lock = threading.RLock()  # held to write, close or reconnect the socket (module doc)
-        self._send_error: Optional[OSError] = None  # the last send() failure of a joined run
         self.on_read_burst_end: Optional[Callable[[], None]] = None
         self.may_read: Callable[[], bool] = lambda: True  # False holds reading (the daemon's byte budget is full)
         super().__init__(*args, **kwargs)
@@ -172,7 +171,7 @@ class Client(Packets):
                 packet = self._join_run()
                 if packet is None:
                     return not self._out_packet
-                if self._send_run(packet) is not None:
+                if self._send_run(packet, log_failure=False) is not None:
                     return False  # full, or failing: the loop writes it, or finds the error
         finally:
             self._write_lock.release()
@@ -309,13 +308,12 @@ class Client(Packets):
             if packet is None:  # nothing queued, or a packet paho acts on once written
                 return super()._packet_write()
             rc = self._send_run(packet)
-            if rc == MQTTErrorCode.MQTT_ERR_CONN_LOST:
-                self._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", self._send_error)
             if rc is not None:
                 return rc
 
-    def _send_run(self, packet: dict) -> Optional[MQTTErrorCode]:
-        """One send() of a joined run, what is unsent put back first; None: go on writing."""
+    def _send_run(self, packet: dict, log_failure: bool = True) -> Optional[MQTTErrorCode]:
+        """One send() of a joined run, what is unsent put back first; None: go on writing. A worker's
+        write does not log a failure: the loop's next write meets it and does (`log_failure`)."""
         try:
             sent = self._sock_send(packet["packet"][packet["pos"] :])
         except (AttributeError, ValueError):  # no socket (closed meanwhile)
@@ -326,7 +324,8 @@ class Client(Packets):
             return MQTTErrorCode.MQTT_ERR_AGAIN
         except OSError as err:
             self._out_packet.appendleft(packet)
-            self._send_error = err
+            if log_failure:
+                self._easy_log(paho.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
             return MQTTErrorCode.MQTT_ERR_CONN_LOST
         packet["pos"] += sent
         packet["to_process"] -= sent

@@ -107,7 +107,7 @@ def test_shedding_parses_no_json_and_keeps_the_leading_id():
     small = b'{"id": "fits", "data": [1, 2'  # queued (the pool is not started, so it stays queued)
     big = b'{"id": "big", "data": [' + b"1.5, " * 3000 + b"oops"  # 15 KB: past the budget, invalid JSON
     d.intake.on_message(_inbound("sensors/w1/imu", small, 1))
-    d.intake.on_message(_inbound("sensors/w1/imu", big, 2))
+    d.intake.on_message(_inbound("sensors/w1/imu", big, 2)._replace(qos=0))  # QoS 1 would wait unread instead
     [(topic, reply, _)] = rec.published
     assert topic == "results/w1/activity" and reply["id"] == "big"
     assert reply["error"]["code"] == "overloaded" and "workers.queue_mb" in reply["error"]["message"]
