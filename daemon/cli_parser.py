@@ -181,6 +181,11 @@ def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
     be.add_argument("--only", action="append", choices=ALL_BENCH_PHASES, metavar="PHASE",
                     help=f"run only this phase: {', '.join(ALL_BENCH_PHASES)} (repeatable; default: the first "
                          "four; openloop also runs drain, which sets its rates)")
+    be.add_argument("--consumer-cpus", metavar="CPUS",
+                    help="run the consumers on these CPUs (1, 2,3 or 2-3) and the broker and load on the others")
+    be.add_argument("--consumer-cpu-share", type=float, metavar="F",
+                    help="cap the consumers at F of one CPU (a cgroup, as systemd's CPUQuota=; needs root), so "
+                         "that 2x their capacity is a load the broker carries (docs/performance.md)")
     be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
 
 

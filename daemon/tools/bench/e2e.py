@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from daemon.tools.bench.cpus import Placement
 from daemon.tools.bench.load import require_clients
 from daemon.tools.bench.phases import Bench, Consumer, Phases, raw_reply_topic
 from daemon.tools.bench.plan import Plan
@@ -53,9 +54,10 @@ def run_bench(plan: Plan) -> dict:
     replies = [workload.reply_topic, *filter(None, [raw_reply_topic(plan.config) if "batching" in plan.phases
                                                     else None])]
     rounds = []
-    with Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-bench-") as tmp:
+    placement = Placement(plan.consumer_cpus, plan.consumer_cpu_share)
+    with placement, Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-bench-") as tmp:
         logger.info("mosquitto on %s; route %s; phases %s", broker.address, plan.route, ", ".join(plan.phases))
-        bench = Bench(broker.address, Path(tmp), plan, tuple(dict.fromkeys(replies)))
+        bench = Bench(broker.address, Path(tmp), plan, tuple(dict.fromkeys(replies)), preexec=placement.preexec)
         try:
             for n in range(plan.rounds):
                 logger.info("round %d of %d", n + 1, plan.rounds)
@@ -66,7 +68,7 @@ def run_bench(plan: Plan) -> dict:
         finally:
             bench.close()
     results = merge(rounds)
-    results["meta"] = meta(plan, workload, distinct, time.monotonic() - started)
+    results["meta"] = {**meta(plan, workload, distinct, time.monotonic() - started), **placement.meta()}
     return results
 
 

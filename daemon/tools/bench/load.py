@@ -197,15 +197,16 @@ def end_session(address: str, client_id: str) -> None:
 
 class ConsumerProcess:
     """A consumer command as a child process; stdout and stderr go to `log`; `env` adds to the environment;
-    `after_stop` runs once the process has ended (e.g. end_session)."""
+    `after_stop` runs once the process has ended (e.g. end_session); `preexec` in the child before it
+    execs (its CPUs, cpus.Placement)."""
 
     def __init__(self, cmd: list[str], address: str, status_topic: str, log: Path, env: Optional[dict] = None,
-                 after_stop: Optional[Callable[[], None]] = None):
+                 after_stop: Optional[Callable[[], None]] = None, preexec: Optional[Callable[[], None]] = None):
         self.log = log
         self._after_stop = after_stop
         with open(log, "wb") as out:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec)
         try:
             wait_online(address, status_topic, self.proc, log)
         except BaseException:

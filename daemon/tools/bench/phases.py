@@ -81,7 +81,8 @@ def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dic
 
 
 def start_daemon(base: Path, workdir: Path, client_id: str, overrides: dict, address: str, log: Path,
-                 pythonpath: Optional[Path] = None, session: bool = False) -> ConsumerProcess:
+                 pythonpath: Optional[Path] = None, session: bool = False,
+                 preexec: Optional[Callable[[], None]] = None) -> ConsumerProcess:
     """`edge-inferd run` on a bench copy of `base` (write_bench_config), once it is online at `address`.
     `pythonpath`: put first on the child's PYTHONPATH (a script run from a checkout passes its root).
     `session`: keep the config's session, and end it once the daemon has stopped."""
@@ -91,7 +92,8 @@ def start_daemon(base: Path, workdir: Path, client_id: str, overrides: dict, add
     if pythonpath is not None:
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))}
     after = (lambda: end_session(address, client_id)) if session else None
-    return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env, after_stop=after)
+    return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env, after_stop=after,
+                           preexec=preexec)
 
 
 def activity_lines(config_path: Path) -> tuple[list[bytes], np.ndarray]:
@@ -115,8 +117,10 @@ def raw_reply_topic(config_path: Path) -> Optional[str]:
 class Bench:
     """Owns the broker address, the collector, the temp dir and the results."""
 
-    def __init__(self, address: str, workdir: Path, plan: Plan, reply_filters: Sequence[str] = (REPLY_FILTER,)):
+    def __init__(self, address: str, workdir: Path, plan: Plan, reply_filters: Sequence[str] = (REPLY_FILTER,),
+                 preexec: Optional[Callable[[], None]] = None):
         self.address = address
+        self.preexec = preexec  # run in each consumer's child (cpus.Placement)
         self.workdir = workdir
         self.plan = plan
         self.collector = Collector(address, *reply_filters)
@@ -138,10 +142,10 @@ class Bench:
         log = workdir / "consumer.log"
         if consumer.kind == "daemon":
             return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log,
-                                session=consumer.session)
+                                session=consumer.session, preexec=self.preexec)
         cmd = [sys.executable, "-m", "daemon.tools.baselines", consumer.kind, "--broker", self.address,
                "--config", str(self.plan.config), "--route", self.plan.route, "--client-id", client_id]
-        return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", log)
+        return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", log, preexec=self.preexec)
 
     def warm(self, pub: LinePublisher, line: Callable[[int], bytes]) -> None:
         """Negative ids: end-to-end readiness (publisher connected, consumer subscribed) and warm-up."""

@@ -46,11 +46,14 @@ class Plan:
     route: str = DEFAULT_ROUTE  # the route every phase but batching loads (batching: appliance-raw)
     rounds: int = 1  # every selected phase this many times, consumers alternating; medians reported
     burst: int = BURST_REQUESTS  # requests of the burst30k phase
+    consumer_cpus: tuple[int, ...] = ()  # the consumers' CPUs; the bench and broker get the rest (cpus.py)
+    consumer_cpu_share: Optional[float] = None  # the consumers capped at this share of one CPU
 
     @classmethod
     def build(cls, config: Path, out: Path, requests: Optional[int] = None, duration: Optional[float] = None,
               rates: Optional[list[str]] = None, quick: bool = False, only: Optional[list[str]] = None,
-              route: str = DEFAULT_ROUTE, rounds: int = 1, burst: Optional[int] = None) -> "Plan":
+              route: str = DEFAULT_ROUTE, rounds: int = 1, burst: Optional[int] = None,
+              consumer_cpus: tuple[int, ...] = (), consumer_cpu_share: Optional[float] = None) -> "Plan":
         base = dict(QUICK) if quick else {}
         for key, value in (("requests", requests), ("duration", duration), ("rates", rates), ("burst", burst)):
             if value is not None:
@@ -60,4 +63,5 @@ class Plan:
             parse_rate(rate, 1.0)
         if rounds < 1:
             raise DaemonError(f"--rounds: {rounds} is not a positive number of rounds")
-        return cls(config=config, out=out, phases=phases, route=route, rounds=rounds, **base)
+        return cls(config=config, out=out, phases=phases, route=route, rounds=rounds, consumer_cpus=consumer_cpus,
+                   consumer_cpu_share=consumer_cpu_share, **base)
