@@ -31,7 +31,7 @@ measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
   the window (18% of the samples). Here the held-back mids wait in a deque, in paho's
   order, and each PUBACK sends the next one in O(1).
 - **Holding**: while `may_read()` is False (the daemon's byte budget is full: serve/admission.py)
-  no `recv()` is made (what the read-ahead holds is still handled: at most READ_AHEAD_BYTES
+  no `recv()` is made (what the read-ahead holds is still handled: at most READ_AHEAD_MAX_BYTES
   past the budget), and `loop_read` sleeps HELD_POLL_S, so a backlog waits at the broker, which keeps
   it at QoS 1, instead of being answered `overloaded` (the native link does the same). The
   check is in `_sock_recv`, because paho's `loop_read` reads as many packets as there are
@@ -70,11 +70,18 @@ try:  # paho 2.2 turns decoding errors into MalformedPacket (and its _packet_rea
 except ImportError:  # pragma: no cover - paho 2.1
     _Malformed = ()
 
-# One recv() reads up to this much: many requests' worth of packets. Each recv() lets the GIL go
-# and waits to get it back from the workers: 128 KiB against 64 cut activity's 12.75 KB requests
-# from 246/225 to 201/198 µs each, gunpoint's 3.4 KB ones from 169/178 to 165/171
-# (docs/performance.md, "Writing on the worker's thread").
+# One recv() reads about READ_AHEAD_PACKETS packets of the size seen lately, within
+# READ_AHEAD_BYTES..READ_AHEAD_MAX_BYTES. Each recv() lets the GIL go and waits to get it back
+# from the workers, so what it costs is paid per recv, and it is amortized over packets, not bytes:
+# on `--only burst30k` gunpoint's 3.4 KB requests served best at 128 KiB (38 packets; 512 KiB,
+# 150 packets, was 8 % slower: a longer read holds the GIL from the workers), activity's 12.5 KB
+# ones at 512 KiB (42 packets; 128 KiB, 10 packets, was 20 % slower) (docs/performance.md,
+# "The read-ahead, in packets").
+READ_AHEAD_PACKETS = 40
 READ_AHEAD_BYTES = 1 << 17
+READ_AHEAD_MAX_BYTES = 1 << 20
+# Weight of each new packet in the running mean of packet sizes.
+_PACKET_SIZE_WEIGHT = 1 / 64
 # One send() writes up to about this much of the queued packets (at least one packet).
 WRITE_JOIN_BYTES = 1 << 16
 _DISCONNECT = 0xE0
@@ -114,6 +121,7 @@ class Client(Packets):
         self._real_sockpair_w = None
         self._ahead = b""
         self._ahead_pos = 0
+        self._packet_size = 0.0  # running mean of packet bodies read, for the read-ahead's size
         self._framed: dict = {"command": 0, "have_remaining": 1, "remaining_count": [], "remaining_mult": 1,
                               "remaining_length": 0, "packet": b"", "to_process": 0, "pos": 0}
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
@@ -176,11 +184,16 @@ class Client(Packets):
         finally:
             self._write_lock.release()
 
+    def _read_ahead_bytes(self) -> int:
+        return int(min(READ_AHEAD_MAX_BYTES, max(READ_AHEAD_BYTES, READ_AHEAD_PACKETS * self._packet_size)))
+
     def _sock_recv(self, bufsize: int) -> bytes:
+        if bufsize > 4:  # a packet's body (paho reads the fixed header a byte at a time)
+            self._packet_size += (bufsize - self._packet_size) * _PACKET_SIZE_WEIGHT
         if self._ahead_pos >= len(self._ahead):
             if self._holding():  # paho reads one loop_read's packets in a loop of its own: stop it here
                 raise BlockingIOError("holding: the byte budget is full")
-            data = super()._sock_recv(max(bufsize, READ_AHEAD_BYTES))
+            data = super()._sock_recv(max(bufsize, self._read_ahead_bytes()))
             if len(data) <= bufsize:
                 return data
             self._ahead, self._ahead_pos = data, 0
