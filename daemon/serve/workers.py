@@ -88,7 +88,6 @@ class WorkerPool(Generic[J, C]):
         self._halt = threading.Event()  # ends the control thread
         self.scale_ups = 0
         self.scale_downs = 0
-        self._done = 0  # jobs served, for the scaler's trials
 
     def start(self) -> None:
         initial = self._scaler.min if self._scaler is not None else self._size
@@ -149,9 +148,7 @@ class WorkerPool(Generic[J, C]):
     def scaling(self) -> dict:
         """The size's bounds and how often it changed, for the stats."""
         low = self._scaler.min if self._scaler is not None else self._size
-        refused = self._scaler.trials_refused if self._scaler is not None else 0
-        return {"min": low, "max": self._size, "scale_ups": self.scale_ups, "scale_downs": self.scale_downs,
-                "trials_refused": refused}
+        return {"min": low, "max": self._size, "scale_ups": self.scale_ups, "scale_downs": self.scale_downs}
 
     def progressing(self, within_s: float) -> bool:
         """False when there is work but no batch was taken or finished for `within_s` (a wedged worker)."""
@@ -232,7 +229,6 @@ class WorkerPool(Generic[J, C]):
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._done += len(batch)
                     self._last_progress = self._clock()
         with self._cond:  # retired or stopped: its slot is free for a later worker
             self._slots.discard(index)
@@ -252,8 +248,7 @@ class WorkerPool(Generic[J, C]):
             if self._queue:  # the oldest job's wait so far: a backlog behind busy workers shows at once
                 self._scaler.observe(self._clock() - self._arrival_of(self._queue[0]))
             busy = min(self._busy, self._count)
-            refused = self._scaler.trials_refused
-            step = self._scaler.decide(busy, self._count - busy, len(self._queue), self._done)
+            step = self._scaler.decide(busy, self._count - busy, len(self._queue))
             if step == SHRINK:
                 self._retire += 1
                 self._count -= 1
@@ -261,10 +256,8 @@ class WorkerPool(Generic[J, C]):
                 self._cond.notify_all()
             workers = self._count
         if step == SHRINK:
-            logger.info("workers: %d -> %d (%s)", workers + 1, workers, self._scaler.reason)
+            logger.info("workers: %d -> %d (low load for %.0fs)", workers + 1, workers, self._scaler.down_after_s)
             self._on_resize(workers)
-        elif self._scaler.trials_refused != refused:
-            logger.info("workers: %d (%s)", workers, self._scaler.reason)
         return step
 
     def _grow(self) -> None:
@@ -281,7 +274,8 @@ class WorkerPool(Generic[J, C]):
                 return
             self._spawn(index, context)
             self.scale_ups += 1
-        logger.info("workers: %d -> %d (%s)", self._count - 1, self._count, self._scaler.reason)
+        logger.info("workers: %d -> %d (queue wait above %.0f ms)", self._count - 1, self._count,
+                    self._scaler.up_wait_s * 1000.0)
         self._on_resize(self._count)
 
     def stop(self, timeout_s: float) -> bool:

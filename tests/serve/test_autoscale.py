@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.serve.autoscale import GROW, HOLD, KEEP_RATIO, SHRINK, TRIAL_S, Autoscaler
+from daemon.serve.autoscale import GROW, HOLD, SHRINK, Autoscaler
 from tests.fakes import FakeClock
 
 UP_S = 0.050
@@ -98,83 +98,3 @@ def test_no_flapping_under_a_load_oscillating_around_the_threshold():
 def test_min_above_max_is_refused():
     with pytest.raises(ValueError, match="min"):
         Autoscaler(3, 2, UP_S, DOWN_S, FakeClock())
-
-
-class ServingPool(Pool):
-    """A pool serving a backlog (by default every worker busy) whose jobs served per second depend on its size."""
-
-    def __init__(self, scaler: Autoscaler, clock: FakeClock, workers: int, rate_by_size: dict[int, float]):
-        super().__init__(scaler, clock, workers)
-        self.rate_by_size, self.done = rate_by_size, 0.0
-
-    def tick(self, wait_s: float = 1.0, busy: int = 99, depth: int = 500) -> int:
-        self.clock.now += TICK_S
-        self.done += self.rate_by_size[self.workers] * TICK_S
-        self.scaler.observe(wait_s)
-        step = self.scaler.decide(min(busy, self.workers), max(0, self.workers - busy), depth, int(self.done))
-        if step:
-            self.workers += step
-            self.steps.append((round(self.clock.now, 3), step))
-        return step
-
-    def run(self, seconds: float, **load) -> None:
-        for _ in range(round(seconds / TICK_S)):
-            self.tick(**load)
-
-
-def test_a_grown_worker_that_slows_the_pool_is_retired_and_not_grown_again_for_a_cooldown():
-    scaler, clock = _scaler(min_workers=1, max_workers=2)
-    pool = ServingPool(scaler, clock, workers=1, rate_by_size={1: 4000.0, 2: 3300.0})  # activity's GIL
-    pool.run(3 * TRIAL_S)
-    assert [step for _, step in pool.steps] == [GROW, SHRINK] and pool.workers == 1
-    assert scaler.trials_refused == 1 and "2 workers served 3300/s, 1 served 4000/s" in scaler.reason
-    grown_at, retired_at = (at for at, _ in pool.steps)
-    assert retired_at - grown_at >= TRIAL_S  # each size measured a whole trial
-    pool.run(DOWN_S - 3 * TRIAL_S)  # the backlog goes on: no growth within the cooldown
-    assert pool.workers == 1 and len(pool.steps) == 2
-    pool.run(5 * TRIAL_S)  # after it, the same question again (the workload may have changed)
-    assert [step for _, step in pool.steps] == [GROW, SHRINK, GROW, SHRINK] and scaler.trials_refused == 2
-
-
-@pytest.mark.parametrize("grown_rate", [4000.0, 3700.0, 7000.0])
-def test_a_grown_worker_that_does_not_slow_the_pool_beyond_the_margin_is_kept(grown_rate):
-    scaler, clock = _scaler(min_workers=1, max_workers=2)
-    pool = ServingPool(scaler, clock, workers=1, rate_by_size={1: 4000.0, 2: grown_rate})
-    pool.run(DOWN_S)
-    assert [step for _, step in pool.steps] == [GROW, SHRINK, GROW] and pool.workers == 2
-    assert scaler.trials_refused == 0 and "back to 2" in scaler.reason  # and one trial only: no more steps
-
-
-def test_the_verdict_needs_the_threshold_not_just_any_loss():
-    assert 3599.0 < KEEP_RATIO * 4000.0 <= 3600.0  # 10 % of margin: 3,600/s against 4,000 is kept
-
-
-def test_a_trial_that_finds_the_pool_idle_keeps_the_size_without_a_verdict():
-    # A head-of-line wait: one camera frame ahead of sensor requests grows the pool, then the
-    # backlog is gone before a trial could compare rates: the size stays, for latency.
-    scaler, clock = _scaler(min_workers=1, max_workers=2)
-    pool = ServingPool(scaler, clock, workers=1, rate_by_size={1: 4000.0, 2: 100.0})
-    pool.tick()
-    assert pool.workers == 2
-    pool.run(TRIAL_S / 2)
-    pool.tick(wait_s=0.0, busy=0, depth=0)  # the pool idle: no worker busy, nothing queued
-    pool.run(3 * TRIAL_S)  # a new backlog at the same size: not a trial (no growth started it)
-    assert pool.steps[1:] == [] and pool.workers == 2 and scaler.trials_refused == 0
-
-
-def test_trials_walk_down_while_each_last_worker_slows_the_pool():
-    scaler, clock = _scaler(min_workers=1, max_workers=3)
-    pool = ServingPool(scaler, clock, workers=1, rate_by_size={1: 5000.0, 2: 4000.0, 3: 3000.0})
-    pool.run(3 * TICK_S)
-    assert pool.workers == 3  # grown on while the wait said so: the newest growth is on trial
-    pool.run(4 * TRIAL_S)
-    assert pool.workers == 1 and scaler.trials_refused == 2  # 3 slower than 2, then 2 slower than 1
-    pool.run(DOWN_S / 2)
-    assert pool.workers == 1
-
-
-def test_trials_walk_down_only_as_far_as_a_worker_slows_the_pool():
-    scaler, clock = _scaler(min_workers=1, max_workers=3)
-    pool = ServingPool(scaler, clock, workers=1, rate_by_size={1: 3000.0, 2: 5000.0, 3: 4000.0})
-    pool.run(DOWN_S / 2)
-    assert pool.workers == 2 and scaler.trials_refused == 1  # 3 refused, 2 measured against 1 and kept
