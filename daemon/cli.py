@@ -159,10 +159,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_bench_e2e(args: argparse.Namespace) -> int:
     from daemon.tools.bench.plan import Plan
+    from daemon.tools.bench.cpus import parse_cpus
     from daemon.tools.bench.e2e import run_bench
     from daemon.tools.bench.report import summary, write_outputs
-
-    from daemon.tools.bench.cpus import parse_cpus
 
     plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only,
                       route=args.route, rounds=args.rounds, burst=args.burst,

@@ -96,8 +96,11 @@ def test_bench_e2e_runs_any_json_route_of_another_config_in_rounds(tmp_path):
     config.write_text(yaml.safe_dump(absolute_paths({
         **raw, "models": {"load_anomaly": raw["models"]["load_anomaly"]},
         "routes": [r for r in raw["routes"] if r["name"] == "load"]}, ROOT)))
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = ["--consumer-cpus", str(cpus[-1])] if len(cpus) > 1 else []  # the consumers on a CPU of their own
     results, stdout = _bench(tmp_path, "--config", str(config), "--route", "load", "--only", "drain",
-                             "--rounds", "2", "--requests", "60")
+                             "--rounds", "2", "--requests", "60", *pinned)
+    assert results["meta"]["consumer_cpus"] == ([cpus[-1]] if pinned else [])
     assert results["meta"]["workload"]["route"] == "load"
     assert results["meta"]["workload"]["distinct_int8_inputs"] == 1.0
     assert len(results["rounds"]) == 2

@@ -85,8 +85,9 @@ def _make_cgroup(share: float) -> Path:
     """A cgroup capped at `share` of one CPU: v2's cpu.max, else v1's cfs quota."""
     unified = CGROUP_ROOT / "cgroup.controllers"
     quota = str(round(share * PERIOD_US))
-    if unified.exists() and "cpu" in unified.read_text().split():
+    if unified.exists() and "cpu" in unified.read_text().split():  # v2 (not the v1 machine measured on)
         path, files = CGROUP_ROOT / f"edge-inferd-bench-{os.getpid()}", {"cpu.max": f"{quota} {PERIOD_US}"}
+        _enable_cpu_controller()
     else:
         path = CGROUP_ROOT / "cpu" / f"edge-inferd-bench-{os.getpid()}"
         files = {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": quota}
@@ -98,6 +99,14 @@ def _make_cgroup(share: float) -> Path:
         raise DaemonError(f"--consumer-cpu-share: cannot make the cgroup {path} ({exc.strerror}); it needs "
                           "root and a cgroup cpu controller") from None
     return path
+
+
+def _enable_cpu_controller() -> None:
+    """v2: the root's children get the cpu controller only once it is in its subtree_control."""
+    try:
+        (CGROUP_ROOT / "cgroup.subtree_control").write_text("+cpu")
+    except OSError:
+        pass  # already there, or refused: mkdir and cpu.max then say so
 
 
 def _remove(path: Path) -> None:
