@@ -70,3 +70,9 @@ def test_drift_demo_warns_on_the_shifted_steps_only():
     activity = [line.split(" | ") for line in out.splitlines() if line.startswith("| activity |")]
     assert len(activity) == 6 and float(activity[0][4]) < 0.1 and float(activity[4][4]) > 0.25  # labels PSI
     assert "cost per answer on the reply path" in out
+
+
+def test_repro_lost_burst_runs_and_compares_the_daemons_count_with_the_collectors(tmp_path):
+    out = _run("scripts/repro_lost_burst.py", "--requests", "200", "--runs", "1", "--keep", str(tmp_path / "log"))
+    assert "collector heard 200 of 200; the daemon received 200, results 200" in out
+    assert "no run lost a reply in 1" in out
