@@ -217,7 +217,9 @@ class MqttLink(LinkCommon):
         logger.info("connected to %s", self._config.url)
         self._health.connected()
         self._acks.new_connection()
-        self._grants.connack(_grants(flags, properties))
+        grants = _grants(flags, properties)
+        self._grants.connack(grants)
+        self._client.fit_window(grants.receive_maximum)
         disable_nagle(client.socket())
         self.connected.set()
         if self._flusher is not None:

@@ -215,6 +215,20 @@ class Client(Packets):
             super()._messages_reconnect_reset_out()  # past the window, publishes are held back again
             self._held_back = deque(m.mid for m in self._out_messages.values() if m.state == paho.mqtt_ms_queued)
 
+    def max_inflight_messages_set(self, inflight: int) -> None:
+        super().max_inflight_messages_set(inflight)
+        self._window = inflight  # the daemon's own window; a broker's ReceiveMaximum may lower it
+
+    def fit_window(self, receive_maximum: int) -> None:
+        """Keep at most the broker's ReceiveMaximum (from its CONNACK) of publishes in flight, as
+        MQTT 5 requires of a client (4.9.0): paho 2.x reads the property and ignores it. Called in
+        on_connect, before paho resends what it holds, so that the resend keeps to it too."""
+        with self._out_message_mutex:
+            limit = max(1, min(getattr(self, "_window", self._max_inflight_messages), receive_maximum))
+            if limit != self._max_inflight_messages:
+                self._max_inflight_messages = limit
+                self._messages_reconnect_reset_out()  # in flight and held back again, by the new window
+
     def drop_out_messages(self) -> list[paho.MQTTMessage]:
         with self._out_message_mutex:
             self._held_back.clear()
