@@ -122,6 +122,7 @@ class Client(Packets):
         self._ahead = b""
         self._ahead_pos = 0
         self._packet_size = 0.0  # running mean of packet bodies read, for the read-ahead's size
+        self._window: Optional[int] = None  # the daemon's own window (max_inflight_messages_set)
         self._framed: dict = {"command": 0, "have_remaining": 1, "remaining_count": [], "remaining_mult": 1,
                               "remaining_length": 0, "packet": b"", "to_process": 0, "pos": 0}
         self.last_connect_error: Optional[OSError] = None  # why the last (re)connect failed
@@ -224,7 +225,7 @@ class Client(Packets):
         MQTT 5 requires of a client (4.9.0): paho 2.x reads the property and ignores it. Called in
         on_connect, before paho resends what it holds, so that the resend keeps to it too."""
         with self._out_message_mutex:
-            limit = max(1, min(getattr(self, "_window", self._max_inflight_messages), receive_maximum))
+            limit = max(1, min(self._window or self._max_inflight_messages, receive_maximum))
             if limit != self._max_inflight_messages:
                 self._max_inflight_messages = limit
                 self._messages_reconnect_reset_out()  # in flight and held back again, by the new window
