@@ -5,8 +5,9 @@ a third of the daemon's CPU; these of its habits are taken off the request path 
 measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
 - **Reads**: `_packet_read` takes each packet in two to four `recv()` calls (one byte
   for the command, one per remaining-length byte, then the body), each a system call:
-  `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead up to
-  128 KiB and serves the following packets from memory. `loop_read` keeps going while
+  `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead about
+  READ_AHEAD_PACKETS requests' worth (128 KiB to 1 MiB) and serves the following packets
+  from memory. `loop_read` keeps going while
   read-ahead bytes remain, because `select()` cannot see them. A PUBLISH or PUBACK that
   lies whole in the read-ahead is framed straight from it (`_frame`), not byte by byte
   through `_sock_recv` and paho's `_in_packet` bookkeeping. What one `loop_read` call
@@ -70,14 +71,14 @@ try:  # paho 2.2 turns decoding errors into MalformedPacket (and its _packet_rea
 except ImportError:  # pragma: no cover - paho 2.1
     _Malformed = ()
 
-# One recv() reads about READ_AHEAD_PACKETS packets of the size seen lately, within
-# READ_AHEAD_BYTES..READ_AHEAD_MAX_BYTES. Each recv() lets the GIL go and waits to get it back
-# from the workers, so what it costs is paid per recv, and it is amortized over packets, not bytes:
-# on `--only burst30k` gunpoint's 3.4 KB requests served best at 128 KiB (38 packets; 512 KiB,
+# One recv() reads about READ_AHEAD_PACKETS requests (PUBLISH packets) of the size seen lately,
+# within READ_AHEAD_BYTES..READ_AHEAD_MAX_BYTES. Each recv() lets the GIL go and waits to get it
+# back from the workers, so what it costs is paid per recv, and it is amortized over packets, not
+# bytes: on `--only burst30k` gunpoint's 3.4 KB requests served best at 128 KiB (38 packets; 512 KiB,
 # 150 packets, was 8 % slower: a longer read holds the GIL from the workers), activity's 12.5 KB
-# ones at 512 KiB (42 packets; 128 KiB, 10 packets, was 20 % slower) (docs/performance.md,
-# "The read-ahead, in packets").
-READ_AHEAD_PACKETS = 40
+# ones at 370-512 KiB (30-42 packets; 128 KiB, 10 packets, was 20 % slower) (docs/performance.md,
+# "The read-ahead, in packets"; 30 is what the end-to-end A/B there ran).
+READ_AHEAD_PACKETS = 30
 READ_AHEAD_BYTES = 1 << 17
 READ_AHEAD_MAX_BYTES = 1 << 20
 # Weight of each new packet in the running mean of packet sizes.
@@ -121,7 +122,7 @@ class Client(Packets):
         self._real_sockpair_w = None
         self._ahead = b""
         self._ahead_pos = 0
-        self._packet_size = 0.0  # running mean of packet bodies read, for the read-ahead's size
+        self._packet_size = 0.0  # running mean of PUBLISH bodies, for the read-ahead's size
         self._window: Optional[int] = None  # the daemon's own window (max_inflight_messages_set)
         self._framed: dict = {"command": 0, "have_remaining": 1, "remaining_count": [], "remaining_mult": 1,
                               "remaining_length": 0, "packet": b"", "to_process": 0, "pos": 0}
@@ -188,9 +189,15 @@ class Client(Packets):
     def _read_ahead_bytes(self) -> int:
         return int(min(READ_AHEAD_MAX_BYTES, max(READ_AHEAD_BYTES, READ_AHEAD_PACKETS * self._packet_size)))
 
+    def _saw_publish(self, length: int) -> None:
+        """A whole PUBLISH body's length, framed here or asked for by paho's reader (PUBACKs, a few
+        bytes each and as many as the replies, would say nothing of what a recv() brings)."""
+        self._packet_size += (length - self._packet_size) * _PACKET_SIZE_WEIGHT
+
     def _sock_recv(self, bufsize: int) -> bytes:
-        if bufsize > 4:  # a packet's body (paho reads the fixed header a byte at a time)
-            self._packet_size += (bufsize - self._packet_size) * _PACKET_SIZE_WEIGHT
+        packet = self._in_packet
+        if packet["command"] & 0xF0 == PUBLISH and bufsize == packet["remaining_length"]:
+            self._saw_publish(bufsize)  # paho asks for the whole body first, then for what is left
         if self._ahead_pos >= len(self._ahead):
             if self._holding():  # paho reads one loop_read's packets in a loop of its own: stop it here
                 raise BlockingIOError("holding: the byte budget is full")
@@ -317,6 +324,8 @@ class Client(Packets):
                 break
         if pos + length > end:
             return None
+        if buf[start] & 0xF0 == PUBLISH:
+            self._saw_publish(length)
         self._ahead_pos = pos + length
         packet = self._framed
         packet["command"], packet["remaining_length"], packet["packet"] = buf[start], length, buf[pos : pos + length]
