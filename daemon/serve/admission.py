@@ -3,8 +3,8 @@
 Deadlines decide shedding, not a guess. Neither bound is a message count (a burst of
 small requests that fits is served however many it holds):
 - memory: the bytes of queued requests stay within `workers.queue_mb`; past it a request
-  is answered `overloaded`, unless the transport can stop reading (`hold`: both links do).
-  Then a QoS 1 request past the budget is queued anyway (the overshoot is at most the rest of
+  is answered `overloaded`, unless it is held by the broker (QoS 1), as both links can stop
+  reading. Then such a request past the budget is queued anyway (the overshoot is at most the rest of
   one read burst) and `has_room()` turns False, so the link reads nothing more until the
   workers have taken the queue back below `RESUME_SHARE` of the budget: the backlog waits at
   the broker, which holds it at QoS 1, instead of being answered `overloaded`. QoS 0
@@ -110,11 +110,10 @@ class Admission:
     """The queue's memory and latency budget; thread-safe (paho thread admits, workers release)."""
 
     def __init__(self, budget_bytes: int, max_wait_s: Optional[float], workers: int, batch_size: int,
-                 clock: Callable[[], float] = time.monotonic, hold: bool = False):
+                 clock: Callable[[], float] = time.monotonic):
         """`max_wait_s`: None (the default config) sheds no request for its predicted wait alone.
-        `hold`: the transport stops reading while `has_room()` is False (module doc)."""
+        The transport stops reading while `has_room()` is False (module doc)."""
         self._budget = budget_bytes
-        self._hold = hold
         self._full = False  # holding: the link reads nothing until the queue is back below RESUME_SHARE
         self.holds = 0  # times the budget filled and reading stopped
         self._max_wait = max_wait_s
@@ -163,7 +162,7 @@ class Admission:
 
     def _holding(self, held_by_broker: bool) -> bool:
         """Past the budget: True when this request may queue anyway because reading stops (lock held)."""
-        if not (self._hold and held_by_broker):
+        if not held_by_broker:
             return False
         if not self._full:
             self._full = True

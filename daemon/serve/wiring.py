@@ -84,8 +84,8 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
           drift: Optional[DriftMonitor] = None,
           devices: Optional[DiscoveredDevices] = None) -> Serving:
     """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. Both
-    transports stop reading while the byte budget is full (admission.py's `hold`), so QoS 1
-    requests wait at the broker instead of being shed.
+    transports stop reading while the byte budget is full (admission.py), so QoS 1 requests wait
+    at the broker instead of being shed.
     `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied.
     `devices`: Home Assistant discovery's device tracker (ha_devices.py), fed by intake."""
     replier = Replier(stats, drift)
@@ -94,7 +94,7 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
     reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
     max_wait_s = None if workers.max_wait_ms is None else workers.max_wait_ms / 1000.0
-    admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock, hold=True)
+    admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock)
     batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock)
     by_name = {p.route.name: p for p in pipes}
     pool: WorkerPool[Job, WorkerContext] = WorkerPool(

@@ -77,8 +77,7 @@ def test_costs_are_per_route_and_read_at_a_full_batch():
 
 def test_holding_queues_a_broker_held_request_past_the_budget_and_stops_reading_until_below_resume():
     per = 1000 + JOB_OVERHEAD_BYTES
-    admission = Admission(budget_bytes=4 * per, max_wait_s=None, workers=1, batch_size=1, clock=FakeClock(100.0),
-                          hold=True)
+    admission = Admission(budget_bytes=4 * per, max_wait_s=None, workers=1, batch_size=1, clock=FakeClock(100.0))
     tickets = [admission.admit("r", 1000, held_by_broker=True) for _ in range(4)]
     assert admission.has_room() and admission.holds == 0  # exactly at the budget: still reading
     tickets += [admission.admit("r", 1000, held_by_broker=True) for _ in range(2)]  # the rest of a read burst
@@ -91,12 +90,3 @@ def test_holding_queues_a_broker_held_request_past_the_budget_and_stops_reading_
     assert not admission.has_room()
     admission.release(tickets[2])  # 3 left: at most 0.75 x the budget, reading resumes
     assert admission.has_room() and admission.holds == 1
-
-
-def test_without_hold_a_broker_held_request_past_the_budget_is_still_overloaded():
-    per = 1000 + JOB_OVERHEAD_BYTES
-    admission = Admission(budget_bytes=per, max_wait_s=None, workers=1, batch_size=1, clock=FakeClock(100.0))
-    assert isinstance(admission.admit("r", 1000, held_by_broker=True), Ticket)
-    refused = admission.admit("r", 1000, held_by_broker=True)
-    assert isinstance(refused, Refusal) and refused.code == "overloaded"
-    assert admission.has_room() and admission.holds == 0  # the paho link cannot stop reading: it sheds
