@@ -1,7 +1,7 @@
 """Try to reproduce the bench's `daemon-b1` lost burst (docs/performance.md, "A defect seen, not explained").
 
 One private mosquitto, the bench's `daemon-b1` daemon (batching off, 2 workers, cache off,
-`max_wait_ms: 2000`, a clean session), a `mosquitto_sub -q 1` collector and one unpaced
+`max_wait_ms: 2000`, a clean session), the bench's own collector (`mosquitto_sub -q 1`, a wide window) and one unpaced
 `mosquitto_pub -l -q 1` burst of distinct requests, `--runs` times or until one run loses
 replies. A run ends when every reply is in or none came for `--settle` seconds. A lossy run
 keeps its daemon log (`--keep`) and prints the daemon's own last stats beside what the
@@ -14,34 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import select
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daemon.tools.bench.e2e import BATCH_OFF
+from daemon.tools.bench.load import Collector, LinePublisher
 from daemon.tools.bench.phases import start_daemon
 from daemon.tools.bench.workload import build_workload
 from daemon.tools.broker import Broker
-
-
-def _count_lines(sub: subprocess.Popen, expected: int, settle_s: float) -> int:
-    """Replies read from the collector until all are in or none came for settle_s."""
-    seen, last = 0, time.monotonic()
-    out = sub.stdout
-    while seen < expected and time.monotonic() - last < settle_s:
-        ready, _, _ = select.select([out], [], [], 0.2)
-        if ready:
-            chunk = out.read1(1 << 16)
-            if chunk:
-                seen += chunk.count(b"\n")
-                last = time.monotonic()
-    return seen
 
 
 def _last_stats(log: Path) -> dict:
@@ -57,18 +41,18 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bo
         work = Path(tmp)
         burst = work / "burst.jsonl"
         burst.write_bytes(b"".join(workload.line(i) for i in range(n)))
-        host, port = broker.address.rsplit(":", 1)
-        sub = subprocess.Popen(["mosquitto_sub", "-h", host, "-p", port, "-q", "1", "-V", "5",
-                                "-t", workload.reply_topic], stdout=subprocess.PIPE)
+        collector = Collector(broker.address, workload.reply_topic)  # the bench's own, as in its drains
         log = work / "daemon.log"
         daemon = start_daemon(config, work, "repro-b1", BATCH_OFF, broker.address, log)
-        with open(burst, "rb") as lines:
-            pub = subprocess.Popen(["mosquitto_pub", "-h", host, "-p", port, "-q", "1", "-t",
-                                    workload.request_topic, "-l"], stdin=lines)
-            heard = _count_lines(sub, n, settle_s)
-            pub.wait()
-        daemon.stop()
-        sub.kill()
+        publisher = LinePublisher(broker.address, workload.request_topic)
+        try:
+            publisher.send_file(burst)
+            collector.settle(lambda: len(collector.by_id) >= n, settle_s)
+        finally:
+            publisher.close()
+            daemon.stop()
+            collector.close()
+        heard = len(collector.by_id)
         stats = _last_stats(log)
         print(f"collector heard {heard} of {n}; the daemon received {stats.get('received')}, results "
               f"{stats.get('results')}, errors {stats.get('errors')}, reconnects {stats.get('reconnects')}",
