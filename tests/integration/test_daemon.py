@@ -222,7 +222,7 @@ def test_reading_stops_when_the_byte_budget_fills_and_every_qos1_request_gets_a_
     stats = client.wait_json_until("edge-inferd/edge-inferd/stats", lambda s: s["results"] >= n)
     assert stats["queue"]["holds"] >= 1 and stats["errors"] == {}
     # Held, not queued: past the budget by at most what reading had taken in (a read-ahead, and the
-    # request it cut: ~40 of these packets, at most 1 MiB), against 200 x ~28 KiB = 5.6 MB had the burst
+    # request it cut: ~30 of these requests, at most 1 MiB), against 200 x ~28 KiB = 5.6 MB had the burst
     # been read whole.
     assert stats["queue"]["peak_bytes"] <= 0.1 * 2**20 + 2 * paho_client.READ_AHEAD_MAX_BYTES, stats["queue"]
 
