@@ -336,13 +336,18 @@ def test_status_watch_redraws_the_table_as_the_stats_come_and_stops_on_ctrl_c(tm
     watch = subprocess.Popen([sys.executable, "-m", "daemon", "status", "--watch", "0.2", "--broker", broker.address,
                               "--client-id", "edge-inferd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=ROOT)
+    seen: list[str] = []
+    deadline = time.monotonic() + WAIT_S
+
+    def read_until(done) -> None:  # a table per 0.2 s: each wait is bounded by them
+        while time.monotonic() < deadline and not any(done(line) for line in seen):
+            seen.append(watch.stdout.readline().rstrip("\n"))
+
+    read_until(lambda line: line.startswith("edge-inferd status --watch:"))  # its first table, before any request
     client.subscribe("results/+/activity")
     burst(client, "sensors/w1/imu", activity_payloads(20))
     client.wait_count("results/w1/activity", 20)
-    seen: list[str] = []
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and not any("results 20" in line for line in seen):
-        seen.append(watch.stdout.readline().rstrip("\n"))  # a table per 0.2 s: the wait is bounded by them
+    read_until(lambda line: "results 20" in line)
     watch.send_signal(signal.SIGINT)
     rest, errors = watch.communicate(timeout=WAIT_S)
     lines = seen + rest.splitlines()
