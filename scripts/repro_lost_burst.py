@@ -17,6 +17,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,9 +36,15 @@ def _last_stats(log: Path) -> dict:
     return {}
 
 
+def _fate(exit_code: Optional[int]) -> str:
+    return "was still running" if exit_code is None else f"had exited with {exit_code}"
+
+
 def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bool:
     workload = build_workload(config, route)
-    with Broker() as broker, tempfile.TemporaryDirectory(prefix="repro-lost-burst-") as tmp:
+    # at notice, mosquitto logs each client's connect and disconnect, and why
+    with Broker(settings={"log_type": "notice"}) as broker, \
+            tempfile.TemporaryDirectory(prefix="repro-lost-burst-") as tmp:
         work = Path(tmp)
         burst = work / "burst.jsonl"
         burst.write_bytes(b"".join(workload.line(i) for i in range(n)))
@@ -48,6 +55,7 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bo
         try:
             publisher.send_file(burst)
             collector.settle(lambda: len(collector.by_id) >= n, settle_s)
+            collector_exit = collector.exit_code()
         finally:
             publisher.close()
             daemon.stop()
@@ -55,11 +63,13 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bo
         heard = len(collector.by_id)
         stats = _last_stats(log)
         print(f"collector heard {heard} of {n}; the daemon received {stats.get('received')}, results "
-              f"{stats.get('results')}, errors {stats.get('errors')}, reconnects {stats.get('reconnects')}",
-              flush=True)
+              f"{stats.get('results')}, errors {stats.get('errors')}, reconnects {stats.get('reconnects')}, "
+              f"outbox {stats.get('outbox')}; the collector {_fate(collector_exit)}", flush=True)
         if heard < n:
             keep.write_bytes(log.read_bytes())
-            print(f"lost {n - heard}: the daemon's log is in {keep}")
+            broker_log = keep.with_suffix(".broker.log")
+            broker_log.write_bytes(broker.log_path.read_bytes())
+            print(f"lost {n - heard}: the daemon's log is in {keep}, the broker's in {broker_log}")
             return False
     return True
 

@@ -136,6 +136,10 @@ class Collector:
         times = [r.at for r in list(self.by_id.values())[-1:]] + [r.at for r in self.anonymous[-1:]]
         return max(times, default=0.0)
 
+    def exit_code(self) -> Optional[int]:
+        """mosquitto_sub's exit status, None while it runs."""
+        return self._proc.poll()
+
     def close(self) -> None:
         end_process(self._proc)
 
