@@ -84,7 +84,7 @@ def _keep(keep: Path, log: Path, broker: Broker) -> str:
     return f"the daemon's log is in {keep}, the broker's in {broker_log}"
 
 
-def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bool:
+def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path, timeline: bool = False) -> bool:
     workload = build_workload(config, route)
     # notice: each client's connect and disconnect, and why; information: each autosave of the broker's db
     with Broker(settings={"log_type": "notice\nlog_type information"}) as broker, \
@@ -113,8 +113,9 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path) -> bo
         print(f"collector heard {heard} of {n}; the daemon received {last.get('received')}, results "
               f"{last.get('results')}, errors {last.get('errors')}, reconnects {last.get('reconnects')}, "
               f"outbox {last.get('outbox')}; the collector {_fate(collector_exit)}", flush=True)
-        if heard < n:
+        if heard < n or timeline:
             print("\n".join(["timeline from the burst's start:", *_timeline(start, stats, collector)]))
+        if heard < n:
             print(f"lost {n - heard}: {_keep(keep, log, broker)}")
             return False
     return True
@@ -127,11 +128,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=30000)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds without a reply that end a run")
+    parser.add_argument("--timeline", action="store_true", help="print every run's timeline, not only a lossy one's")
     parser.add_argument("--keep", type=Path, default=Path("repro-lost-burst.log"))
     args = parser.parse_args()
     for k in range(args.runs):
         print(f"run {k + 1} of {args.runs}", flush=True)
-        if not one_run(args.config, args.route, args.requests, args.settle, args.keep):
+        if not one_run(args.config, args.route, args.requests, args.settle, args.keep, args.timeline):
             return 1
     print(f"no run lost a reply in {args.runs}")
     return 0
