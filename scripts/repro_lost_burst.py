@@ -65,12 +65,14 @@ class StatsTimeline:
 
 def _timeline(start: float, stats: StatsTimeline, collector: Collector) -> list[str]:
     """Per stats snapshot: what the daemon had received and answered, its queue and its unconfirmed
-    replies, beside how many replies the collector had heard by then."""
+    replies, beside how many replies the collector had heard by then. A row is stamped when heard
+    (`up`, the daemon's uptime, says when it was taken): stats queue behind the replies, so a row
+    heard late says the replies were late too."""
     heard = sorted(reply.at for reply in collector.by_id.values())
     rows = []
     for at, s in stats.seen:
         queue, outbox = s.get("queue", {}), s.get("outbox", {})
-        rows.append(f"  {at - start:6.2f} s  received {s.get('received')}  results {s.get('results')}  "
+        rows.append(f"  {at - start:6.2f} s (up {s.get('uptime_s', 0):5.1f} s)  received {s.get('received')}  results {s.get('results')}  "
                     f"errors {sum(s.get('errors', {}).values())}  queue {queue.get('depth')} "
                     f"({queue.get('bytes', 0) // 1024} KiB, holding {queue.get('holding')})  "
                     f"unconfirmed {outbox.get('unconfirmed')}  heard {bisect.bisect_right(heard, at)}")
