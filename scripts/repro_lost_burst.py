@@ -57,7 +57,10 @@ class StatsTimeline:
 
     def _read(self) -> None:
         for line in self._proc.stdout:
-            self.seen.append((time.perf_counter(), json.loads(line)))
+            try:
+                self.seen.append((time.perf_counter(), json.loads(line)))
+            except ValueError:  # not stats (a retained clear is an empty line)
+                continue
 
     def close(self) -> None:
         end_process(self._proc)
@@ -72,8 +75,8 @@ def _timeline(start: float, stats: StatsTimeline, collector: Collector) -> list[
     rows = []
     for at, s in stats.seen:
         queue, outbox = s.get("queue", {}), s.get("outbox", {})
-        rows.append(f"  {at - start:6.2f} s (up {s.get('uptime_s', 0):5.1f} s)  received {s.get('received')}  results {s.get('results')}  "
-                    f"errors {sum(s.get('errors', {}).values())}  queue {queue.get('depth')} "
+        rows.append(f"  {at - start:6.2f} s (up {s.get('uptime_s', 0):5.1f} s)  received {s.get('received')}  "
+                    f"results {s.get('results')}  errors {sum(s.get('errors', {}).values())}  queue {queue.get('depth')} "
                     f"({queue.get('bytes', 0) // 1024} KiB, holding {queue.get('holding')})  "
                     f"unconfirmed {outbox.get('unconfirmed')}  heard {bisect.bisect_right(heard, at)}")
     return rows
@@ -89,6 +92,7 @@ def _keep(keep: Path, log: Path, broker: Broker) -> str:
 def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path, timeline: bool = False) -> bool:
     workload = build_workload(config, route)
     # notice: each client's connect and disconnect, and why; information: each autosave of the broker's db
+    # (two log_type lines, one per type: the settings are one line per key)
     with Broker(settings={"log_type": "notice\nlog_type information"}) as broker, \
             tempfile.TemporaryDirectory(prefix="repro-lost-burst-") as tmp:
         work = Path(tmp)
@@ -118,7 +122,7 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path, timel
         if heard < n or timeline:
             print("\n".join(["timeline from the burst's start:", *_timeline(start, stats, collector)]))
         if heard < n:
-            print(f"lost {n - heard}: {_keep(keep, log, broker)}")
+            print(f"not heard within {settle_s:g} s of silence: {n - heard}; {_keep(keep, log, broker)}")
             return False
     return True
 
