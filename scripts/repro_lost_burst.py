@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daemon.obs.stats_topic import stopped_stats
 from daemon.tools.bench.e2e import BATCH_OFF
 from daemon.tools.bench.load import Collector, LinePublisher, subscriber
 from daemon.tools.bench.phases import start_daemon
@@ -34,13 +35,6 @@ from daemon.tools.broker import Broker, end_process
 
 CLIENT_ID = "repro-b1"
 STATS_INTERVAL_S = 0.5  # the daemon's stats this often: a lossy run's timeline (10 s by default)
-
-
-def _last_stats(log: Path) -> dict:
-    for line in reversed(log.read_text(errors="replace").splitlines()):
-        if "stopped; stats " in line:
-            return json.loads(line.split("stopped; stats ", 1)[1])
-    return {}
 
 
 def _fate(exit_code: int | None) -> str:
@@ -92,8 +86,7 @@ def _keep(keep: Path, log: Path, broker: Broker) -> str:
 def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path, timeline: bool = False) -> bool:
     workload = build_workload(config, route)
     # notice: each client's connect and disconnect, and why; information: each autosave of the broker's db
-    # (two log_type lines, one per type: the settings are one line per key)
-    with Broker(settings={"log_type": "notice\nlog_type information"}) as broker, \
+    with Broker(log_types=("notice", "information")) as broker, \
             tempfile.TemporaryDirectory(prefix="repro-lost-burst-") as tmp:
         work = Path(tmp)
         burst = work / "burst.jsonl"
@@ -115,7 +108,7 @@ def one_run(config: Path, route: str, n: int, settle_s: float, keep: Path, timel
             collector.close()
             stats.close()
         heard = len(collector.by_id)
-        last = _last_stats(log)
+        last = stopped_stats(log.read_text(errors="replace")) or {}
         print(f"collector heard {heard} of {n}; the daemon received {last.get('received')}, results "
               f"{last.get('results')}, errors {last.get('errors')}, reconnects {last.get('reconnects')}, "
               f"outbox {last.get('outbox')}; the collector {_fate(collector_exit)}", flush=True)

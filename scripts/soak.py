@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daemon.obs.stats_topic import stopped_stats  # noqa: E402
 from daemon.tools.bench.load import Collector, LinePublisher, drain_summary, json_line, last_reply, outcome, require_clients
 from daemon.tools.bench.phases import NOISE_STD, start_daemon  # noqa: E402
 from daemon.tools.broker import Broker  # noqa: E402
@@ -241,8 +241,7 @@ class Soak:
         finally:  # a signal while the publishers drain must not leave the daemon running
             code = self.daemon.stop()
             self.collector.close()
-        found = re.findall(r"stopped; stats (\{.*\})", self.daemon.log.read_text(errors="replace"))
-        return {"exit_code": code, "stats": json.loads(found[-1]) if found else None}
+        return {"exit_code": code, "stats": stopped_stats(self.daemon.log.read_text(errors="replace"))}
 
 
 def checks(load: dict, resources: dict) -> dict[str, bool]:

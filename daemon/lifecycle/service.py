@@ -189,8 +189,8 @@ class Service:
         self._stop_down_to(0)
         snapshot = self.snapshot()
         logger.info("%s", stats_topic.summary_line(snapshot))
-        # The full object last: tests/integration/test_faults.py and test_reload.py parse this line.
-        logger.info("stopped; stats %s", codecs.encode(snapshot).decode())
+        # The full object last: stats_topic.stopped_stats reads it back (the tests, scripts/soak.py).
+        logger.info("%s%s", stats_topic.STOPPED_PREFIX, codecs.encode(snapshot).decode())
 
     def _stop_down_to(self, index: int) -> None:
         """Stop the started steps after the first `index`, last started first."""

@@ -4,14 +4,20 @@
 `stats_interval_s` (the contract's keys: received, results, errors by code, cache, queue,
 workers, models, latency_ms, reconnects, outbox, uptime_s), with floats rounded. Once a
 minute the log gets `summary_line()` of it, a readable one-liner; the full object is logged
-at stop. The Prometheus exporter (prometheus.py) reads the same `Stats`.
+at stop (STOPPED_PREFIX, then the JSON; `stopped_stats()` reads it back from a log). The Prometheus exporter (prometheus.py) reads the same `Stats`.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Mapping, Optional, Protocol
 
 from daemon.obs.stats import ERROR_PREFIX, RESULTS
+
+# The daemon's last log line on a stop: this, then its stats as one line of JSON.
+STOPPED_PREFIX = "stopped; stats "
+_STOPPED = re.compile(re.escape(STOPPED_PREFIX) + r"(\{.*\})")
 
 
 class _Cache(Protocol):
@@ -94,6 +100,13 @@ def summary_line(snapshot: Mapping[str, Any]) -> str:
         f"reconnects {snapshot.get('reconnects', 0)}",
     ]
     return "stats: " + ", ".join(parts)
+
+
+def stopped_stats(log_text: str) -> Optional[dict]:
+    """The stats of the last STOPPED_PREFIX line in a daemon's log; None when it has none (it did
+    not stop cleanly)."""
+    found = _STOPPED.findall(log_text)
+    return json.loads(found[-1]) if found else None
 
 
 def _ms(value: float) -> str:

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from daemon.errors import DaemonError
 
@@ -34,6 +34,8 @@ _STOP_TIMEOUT_S = 5.0
 _CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 # Messages mosquitto may queue per client before dropping (its default, 1,000, loses bursts).
 MAX_QUEUED_MESSAGES = 100_000
+# What mosquitto logs (to the broker's log file): errors and warnings only, unless asked for more.
+LOG_TYPES = ("error", "warning")
 
 
 def find_mosquitto() -> str:
@@ -157,9 +159,12 @@ class Broker(BrokerProcess):
     log_name = "mosquitto.log"
 
     def __init__(self, workdir: Optional[Path] = None, port: Optional[int] = None,
-                 settings: Optional[dict[str, str]] = None):
-        """`settings` add to or replace mosquitto.conf lines (e.g. TLS files, `allow_anonymous`)."""
+                 settings: Optional[dict[str, str]] = None, log_types: Sequence[str] = ()):
+        """`settings` add to or replace mosquitto.conf lines (e.g. TLS files, `allow_anonymous`).
+        `log_types`: what mosquitto logs beyond LOG_TYPES (e.g. "notice": each connect and
+        disconnect; "information": each autosave), one `log_type` line each."""
         super().__init__(workdir, port, settings)
+        self._log_types = (*LOG_TYPES, *log_types)
 
     def _command(self) -> list[str]:
         return [find_mosquitto(), "-c", str(self._write_config())]
@@ -180,5 +185,5 @@ class Broker(BrokerProcess):
             **self._settings,
         }
         lines = [f"listener {self.port} {_LOOPBACK}"] + [f"{key} {value}" for key, value in settings.items()]
-        conf.write_text("\n".join(lines + ["log_type error", "log_type warning", ""]))
+        conf.write_text("\n".join(lines + [f"log_type {kind}" for kind in self._log_types] + [""]))
         return conf

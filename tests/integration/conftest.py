@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from daemon.obs.stats_topic import stopped_stats
 from daemon.tools.broker import Broker, end_process
 from tests.integration import brokers
 from daemon.config.reader import absolute_paths
@@ -241,9 +241,9 @@ class Daemon:
 
     def final_stats(self) -> dict:
         """The JSON stats of the daemon's last "stopped; stats {...}" log line."""
-        found = re.findall(r"stopped; stats (\{.*\})", self.log())
-        assert found, self.log()[-2000:]
-        return json.loads(found[-1])
+        stats = stopped_stats(self.log())
+        assert stats is not None, self.log()[-2000:]
+        return stats
 
     def wait_for_log(self, text: str, count: int = 1) -> bool:
         """Until `text` has appeared `count` times in the log (or the daemon exited)."""

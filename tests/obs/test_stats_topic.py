@@ -1,6 +1,8 @@
-"""The stats payload's rounding and its readable one-line form for the log."""
+"""The stats payload's rounding, its readable one-line form for the log, and the stop line read back."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -68,3 +70,14 @@ def test_the_cache_section_carries_admission_counts_to_the_stats_and_prometheus(
         "hit": 1, "disk_hit": 0, "miss": 1}
     cache.close()
     assert "edge_inferd_cache_lookups" not in {f.name for f in StatsCollector(Stats(), dict).collect()}
+
+
+def test_stopped_stats_reads_back_the_last_stop_line_of_a_log():
+    first, last = {"received": 1, "errors": {}}, {"received": 2, "errors": {"overloaded": 1}}
+    log = "\n".join([
+        "2026-12-02T00:00:00.000 INFO daemon.lifecycle.service: " + stats_topic.STOPPED_PREFIX + json.dumps(first),
+        "2026-12-02T00:00:01.000 INFO daemon.lifecycle.service: start-up: models",
+        "[w0] 2026-12-02T00:00:02.000 INFO daemon.lifecycle.service: " + stats_topic.STOPPED_PREFIX + json.dumps(last),
+    ])
+    assert stats_topic.stopped_stats(log) == last
+    assert stats_topic.stopped_stats("start-up: models\n") is None  # it did not stop cleanly

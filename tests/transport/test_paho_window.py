@@ -36,6 +36,7 @@ def _client(broker: Broker, fit: bool) -> tuple[paho_client.Client, threading.Ev
         connected.set()
 
     client.on_connect = on_connect
+
     def on_publish(c, userdata, mid, reason, properties):
         acked.append(reason)
         if len(acked) >= N:
