@@ -21,6 +21,23 @@ if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
 fi
 # The C clients: the burst tests and `edge-inferd bench e2e` publish with mosquitto_pub -l.
 command -v mosquitto_pub >/dev/null || apt_install mosquitto-clients
+# Fleet delivery's tests (tests/fleet/): Debian's minisign, to check that releases signed by
+# `edge-inferd fleet sign` verify with `minisign -V` and the other way round, and nginx-light, an
+# on-site release server with Range and ETag (the tests start their own instance on a free port;
+# the package's own service would hold port 80, so it is stopped). Optional: without them those
+# tests skip.
+command -v minisign >/dev/null || apt_install minisign || echo "setup: minisign is not installable here; its tests will be skipped" >&2
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    if apt_install nginx-light; then
+        if [ -d /run/systemd/system ]; then
+            $SUDO systemctl disable --now nginx.service >/dev/null 2>&1 || true
+        elif command -v service >/dev/null; then
+            $SUDO service nginx stop >/dev/null 2>&1 || true
+        fi
+    else
+        echo "setup: nginx-light is not installable here; the release-server tests will be skipped" >&2
+    fi
+fi
 # ejabberd's mod_mqtt, a second broker for tests/integration/test_ejabberd_broker.py (which skip
 # without it). Optional: a failed install only warns. The tests start their own instance
 # (daemon/tools/ejabberd.py); the package's system service would hold ports 1883, 5222, 5269,
@@ -64,7 +81,7 @@ if [ ! -x .venv/bin/python ]; then
     # shellcheck disable=SC2086
     python3 -m venv $venv_flags .venv
 fi
-if ! .venv/bin/python -c "import daemon, $runtime_module, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5" 2>/dev/null; then
+if ! .venv/bin/python -c "import daemon, $runtime_module, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5, cryptography" 2>/dev/null; then
     echo "setup: installing edge-inferd[$extras] into .venv (a minute or two; on armv7 Pillow is compiled)" >&2
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q -e ".[$extras]"

@@ -23,8 +23,9 @@ ALLOWED = {
     "transport": {"config", "obs"},
     "obs": {"config"},
     "serve": {"pipeline", "transport", "obs", "config"},
-    "lifecycle": {"config", "model", "cache", "pipeline", "transport", "serve", "obs"},
-    "tools": {"config", "model", "cache", "pipeline", "transport", "serve", "lifecycle", "obs"},
+    "fleet": {"config", "model", "pipeline", "obs"},
+    "lifecycle": {"config", "model", "cache", "pipeline", "transport", "serve", "obs", "fleet"},
+    "tools": {"config", "model", "cache", "pipeline", "transport", "serve", "lifecycle", "obs", "fleet"},
 }
 # The pure request path: no threads or processes of its own, and no MQTT or storage library,
 # not even through what it imports (the model's runtime may use threads: it is the model).

@@ -1,0 +1,1 @@
+"""Fleet delivery: signed releases, desired/reported state over MQTT, gate, canary, rollback, waves (docs/fleet.md)."""
