@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, Config, ModelConfig, RouteConfig
-from daemon.model.interface import detector_layout, guess_kind
+from daemon.model.interface import Interface, detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
 from daemon.model import preprocess
 from daemon.model.crash_probe import crash_loading
@@ -141,7 +141,40 @@ def _check_kind(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> 
         r.error(m, "output", p, problem)
 
 
-def _kind_problem(route: RouteConfig, model: Model) -> Optional[tuple[str, str]]:
+class InterfaceView:
+    """What the route checks read of a model, from its interface alone: a release's manifest
+    describes its model's tensors, so a node checks them before a byte of the model is fetched
+    (daemon/fleet/install.py)."""
+
+    def __init__(self, interface: Interface):
+        self.interface = interface
+        self.input = interface.inputs[0]
+        self.outputs = interface.outputs
+        self.num_outputs = sum(spec.sample_size for spec in interface.outputs)
+        self.sample_shape = self.input.shape[1:]
+
+
+def interface_problems(config: Config, model_name: str, interface: Interface) -> list[str]:
+    """Why a model with `interface` cannot replace `model_name` on this config's routes (empty:
+    it can): the daemon's own refusals, then each route's shape after preprocessing and kind."""
+    found = interface.problems()
+    if found:
+        return found
+    view = InterfaceView(interface)
+    for route in config.routes:
+        if route.model != model_name:
+            continue
+        shape = preprocess.output_shape(route.preprocess, route.input.shape)
+        if shape != view.sample_shape:
+            found.append(f"route {route.name!r} feeds {list(shape)} after preprocessing; the release's model takes "
+                         f"{list(view.sample_shape)}")
+        kind = _kind_problem(route, view)
+        if kind is not None:
+            found.append(f"route {route.name!r}: {kind[1]}")
+    return found
+
+
+def _kind_problem(route: RouteConfig, model: Model | InterfaceView) -> Optional[tuple[str, str]]:
     """(the output key at fault, why), or None when the kind fits the model."""
     outputs = ", ".join(f"{spec.name} {list(spec.shape)}" for spec in model.outputs)
     if route.kind == CLASSIFY and len(model.outputs) != 1:

@@ -10,6 +10,7 @@ Every problem is collected and raised at once as `ConfigError` with lines of the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping, Optional
@@ -18,6 +19,7 @@ from daemon import topics
 from daemon.config.check import cross_check
 from daemon.config.drift import read_drift
 from daemon.config.escalate import read_escalate
+from daemon.config.fleet import FleetConfig, current_release, read_fleet
 from daemon.config.homeassistant import read_homeassistant
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
@@ -56,14 +58,15 @@ def _line_of(error: str) -> int:
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
                                          "batching", "stats_interval_s", "metrics", "drift",
-                                         "homeassistant"), required=True)
+                                         "homeassistant", "fleet"), required=True)
     if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
         raise ConfigError(r.errors)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
+    fleet = read_fleet(r, root, base)
     return Config(
         mqtt=read_mqtt(r, r.section(root, "mqtt", MqttConfig), base),
         runtime=runtime,
-        models=MappingProxyType(_read_models(r, root, base)),
+        models=MappingProxyType(_managed_files(r, root, _read_models(r, root, base), fleet)),
         routes=_read_routes(r, root, base),
         cache=_read_cache(r, r.section(root, "cache", CacheConfig), base),
         workers=_read_workers(r, r.section(root, "workers", (*field_names(WorkersConfig), "queue"))),
@@ -73,6 +76,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
         drift=read_drift(r, root),
         homeassistant=read_homeassistant(r, root),
+        fleet=fleet,
         source=path,
     )
 
@@ -82,16 +86,38 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
     out = {}
     for name, m in models.items():
         p = f"models.{name}"
-        m = r.section(models, name, ("path", "labels", "sha256", "threads"), path=p, required=True)
+        m = r.section(models, name, ("path", "labels", "sha256", "threads", "managed"), path=p, required=True)
         model_path = r.get(m, "path", p, str, "", required=True)
         labels = r.get(m, "labels", p, (str, type(None)), None)
         digest = r.get(m, "sha256", p, (str, type(None)), None)
         if digest is not None and (len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest)):
             r.error(m, "sha256", p, "must be 64 hex digits")
         threads = r.get(m, "threads", p, int, DEFAULT_THREADS, minimum=1)
+        managed = r.get(m, "managed", p, bool, False)
         out[str(name)] = ModelConfig(str(name), base / model_path, None if labels is None else base / labels,
-                                     digest, threads)
+                                     digest, threads, managed)
     return out
+
+
+def _managed_files(r: Reader, root: Mapping, models: dict[str, ModelConfig], fleet: FleetConfig) -> dict:
+    """Managed models serve the store's current release (daemon/fleet/store.py), pinned to its
+    manifest's sha256; before the first one, the configured files."""
+    raw = root.get("models") if isinstance(root.get("models"), dict) else {}
+    for name, mc in models.items():
+        if not mc.managed:
+            continue
+        if not fleet.enabled:
+            r.error(raw.get(name, {}), "managed", f"models.{name}", "needs fleet.enabled: true (nothing would "
+                    "deliver it)")
+            continue
+        if mc.sha256 is not None:
+            r.error(raw.get(name, {}), "sha256", f"models.{name}", "a managed model is pinned by its release's "
+                    "signed manifest: leave sha256 out")
+        found = current_release(fleet.store_dir, name)
+        if found is not None:
+            models[name] = replace(mc, path=found.model_path, labels=found.labels_path or mc.labels,
+                                   sha256=found.model_sha256, release=found.serial)
+    return models
 
 
 def _read_routes(r: Reader, root: Mapping, base: Path) -> tuple[RouteConfig, ...]:

@@ -23,6 +23,8 @@ SCHEMES = ("mqtt", "mqtts")
 PORT_LIMIT = 65536
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 CLIENT_ID_PREFIX = "edge-inferd"
+# The fleet's shared topics (docs/fleet.md): desired documents and rollout records.
+FLEET_TOPICS = "edge-inferd/fleet/"
 # Keeps the default client id (and the status topic made from it) short; MQTT 3.1.1 only
 # promises 23 bytes, but mosquitto, EMQX and HiveMQ take far longer ids.
 MAX_HOSTNAME_IN_ID = 48
@@ -142,8 +144,27 @@ class MqttConfig:
         return self.session_expiry_s > 0
 
     def subscription(self, topic_filter: str) -> str:
-        """The filter as subscribed: `$share/<group>/<filter>` in a share group."""
-        return f"$share/{self.share_group}/{topic_filter}" if self.share_group else topic_filter
+        """The filter as subscribed: `$share/<group>/<filter>` in a share group, but for the fleet's
+        topics: those are meant for every member, and a shared subscription gets no retained
+        message (MQTT 5.0, 4.8.2), which the desired documents are."""
+        if not self.share_group or topic_filter.startswith(FLEET_TOPICS) or topic_filter == self.fleet_cmd_topic:
+            return topic_filter
+        return f"$share/{self.share_group}/{topic_filter}"
+
+    @property
+    def fleet_cmd_topic(self) -> str:
+        """Commands to this node's fleet agent (docs/fleet.md); not retained."""
+        return f"edge-inferd/{self.client_id}/fleet/cmd"
+
+    @property
+    def fleet_reported_topic(self) -> str:
+        """This node's retained fleet report (docs/fleet.md)."""
+        return f"edge-inferd/{self.client_id}/fleet/reported"
+
+    @property
+    def fleet_desired_topic(self) -> str:
+        """This node's own retained desired document (docs/fleet.md)."""
+        return f"{FLEET_TOPICS}desired/node/{self.client_id}"
 
     @property
     def status_topic(self) -> str:
@@ -161,6 +182,11 @@ class MqttConfig:
     def with_broker(self, broker: str) -> "MqttConfig":
         """A copy at another broker; TLS implied by the old `mqtts://` does not carry over."""
         return replace(self, broker=broker, tls=None if self.tls_implied else self.tls)
+
+
+def fleet_group_topic(group: str) -> str:
+    """A group's retained desired document (docs/fleet.md)."""
+    return f"{FLEET_TOPICS}desired/group/{group}"
 
 
 def parse_broker(value: str, tls: bool = False) -> BrokerAddress:

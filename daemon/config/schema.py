@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 
 from daemon.config.drift import DriftConfig
 from daemon.config.escalate import EscalateConfig
+from daemon.config.fleet import FleetConfig
 from daemon.config.homeassistant import HomeAssistantConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
@@ -61,6 +62,12 @@ class ModelConfig:
     threads: int = DEFAULT_THREADS
     """Interpreter threads per worker: more cuts one large model's latency (a detector), at the
     cost of the other workers' cores (`edge-inferd bench model` measures it)."""
+    managed: bool = False
+    """Delivered by the fleet (`fleet` below, docs/fleet.md): the store's current release of this
+    model is served, its files and sha256 from the signed manifest; `path` and `labels` are what
+    runs until the first release arrives."""
+    release: Optional[int] = field(default=None, metadata=_HIDDEN)
+    """The serial of the store's release being served (managed models only)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,9 @@ class Config:
     """Watching each route's answers against a reference (`drift` below, docs/drift.md)."""
     homeassistant: HomeAssistantConfig = HomeAssistantConfig()
     """Home Assistant MQTT discovery (`homeassistant` below); off by default."""
+    fleet: FleetConfig = FleetConfig()
+    """Model delivery to this node: signed releases, desired and reported state (`fleet` below,
+    docs/fleet.md); off by default."""
     source: Optional[Path] = field(default=None, metadata=_HIDDEN)
     """The file this config came from, for messages."""
 

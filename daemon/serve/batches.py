@@ -15,9 +15,10 @@ import time
 from typing import Callable, Mapping, Optional
 
 from daemon.errors import INTERNAL, SUPERSEDED
+from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import Stats
 from daemon.pipeline import request_path
-from daemon.pipeline.route_pipeline import Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
+from daemon.pipeline.route_pipeline import SHA_PREFIX, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 from daemon.serve.admission import Admission
 from daemon.serve.cascade import Cascade, RemoteCascade
 from daemon.serve.jobs import Job, WorkerContext, WorkerModels
@@ -32,8 +33,10 @@ class BatchProcessor:
 
     def __init__(self, admission: Admission, rate: DeviceRate, replier: Replier, stats: Stats,
                  cache: Optional[ScoreCache], reuse: Mapping[str, ReuseState], remote: Optional[RemoteCascade] = None,
-                 clock: Callable[[], float] = time.monotonic):
-        """`reuse`: the per-device fast path by route name; `remote`: the far-tier cascade."""
+                 clock: Callable[[], float] = time.monotonic, watch: Optional[ModelWatch] = None):
+        """`reuse`: the per-device fast path by route name; `remote`: the far-tier cascade;
+        `watch`: each release's invoke times, for the fleet canary (daemon/obs/model_watch.py)."""
+        self._watch = watch
         self._admission = admission
         self._rate = rate
         self._replier = replier
@@ -80,6 +83,8 @@ class BatchProcessor:
             outcome = self._escalate(pipe, group, requests, outcome, models)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
+        if self._watch is not None and outcome.stages.get("infer"):
+            self._watch.invoke(pipe.model_sha256[:SHA_PREFIX], outcome.stages["infer"], len(group))
         published = self._clock()
         tally = Tally()
         with self._replier.batch():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from daemon.obs.drift import DriftMonitor
+from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import RESULT, Stats
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.pipeline import codecs
@@ -39,6 +40,7 @@ class Tally:
     latencies_ms: list = field(default_factory=list)
     outcomes: Counter = field(default_factory=Counter)
     answers: list = field(default_factory=list)  # (route, top-1 index or None, score) for drift
+    watched: list = field(default_factory=list)  # (model sha256 prefix, route, index, score): the fleet canary
 
 
 def error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dict:
@@ -49,10 +51,12 @@ def error(pipe: RoutePipeline, inbound: Inbound, code: str, message: str) -> dic
 class Replier:
     """Publishes replies and acks requests through the transport, once it is attached."""
 
-    def __init__(self, stats: Stats, drift: Optional[DriftMonitor] = None):
-        """`drift`: watches the answers of classify and anomaly routes (daemon/obs/drift.py)."""
+    def __init__(self, stats: Stats, drift: Optional[DriftMonitor] = None, watch: Optional[ModelWatch] = None):
+        """`drift`: watches the answers of classify and anomaly routes (daemon/obs/drift.py);
+        `watch`: each release's answers, for the fleet canary (daemon/obs/model_watch.py)."""
         self._stats = stats
         self._drift = drift
+        self._watch = watch
         self._transport: Optional[Transport] = None
         self.log = ThrottledLog(logger)  # per-request problems, at most one line per key and interval
 
@@ -83,6 +87,8 @@ class Replier:
             tally.latencies_ms.append(reply["latency_ms"])
             if self._drift is not None:
                 drift_answer(reply, tally.answers)
+            if self._watch is not None:
+                watched_answer(reply, tally.watched)
         topic = inbound.response_topic or reply_topic
         if self._transport is not None:
             self._transport.reply(topic, codecs.encode(reply), inbound)  # acks it once the reply is safe
@@ -97,6 +103,8 @@ class Replier:
         self._stats.record(tally.counts, tally.latencies_ms, tally.outcomes)
         if tally.answers:
             self._drift.observe(tally.answers)
+        if tally.watched:
+            self._watch.observe(tally.watched)
 
     def ack(self, inbound: Inbound) -> None:
         """A message that gets no reply (not a request): acked at once."""
@@ -111,3 +119,15 @@ def drift_answer(reply: dict, answers: list) -> None:
         answers.append((reply["route"], reply["index"], reply["score"]))
     elif "anomaly_score" in reply:
         answers.append((reply["route"], None, reply["anomaly_score"]))
+
+
+def watched_answer(reply: dict, answers: list) -> None:
+    """A result's part in its release's canary window: as `drift_answer`, with the release that
+    made it; a detector's or a `values` reply counts with no score to compare."""
+    sha = reply.get("model_sha256", "")
+    if "index" in reply:
+        answers.append((sha, reply["route"], reply["index"], reply["score"]))
+    elif "anomaly_score" in reply:
+        answers.append((sha, reply["route"], None, reply["anomaly_score"]))
+    else:
+        answers.append((sha, reply["route"], None, float("nan")))

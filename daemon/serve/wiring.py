@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from daemon.config.schema import BatchingConfig, WorkersConfig
 from daemon.obs.drift import DriftMonitor
+from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import Stats
 from daemon.pipeline.reuse import DeviceReuse
 from daemon.pipeline.route_pipeline import RoutePipeline, ScoreCache
@@ -82,20 +83,21 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
           make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
           clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None,
           drift: Optional[DriftMonitor] = None,
-          devices: Optional[DiscoveredDevices] = None) -> Serving:
+          devices: Optional[DiscoveredDevices] = None, watch: Optional[ModelWatch] = None) -> Serving:
     """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. Both
     transports stop reading while the byte budget is full (admission.py), so QoS 1 requests wait
     at the broker instead of being shed.
     `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied.
-    `devices`: Home Assistant discovery's device tracker (ha_devices.py), fed by intake."""
-    replier = Replier(stats, drift)
+    `devices`: Home Assistant discovery's device tracker (ha_devices.py), fed by intake.
+    `watch`: each model release's answers and invoke times, for the fleet canary."""
+    replier = Replier(stats, drift, watch)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
     reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
     max_wait_s = None if workers.max_wait_ms is None else workers.max_wait_ms / 1000.0
     admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock)
-    batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock)
+    batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock, watch)
     by_name = {p.route.name: p for p in pipes}
     pool: WorkerPool[Job, WorkerContext] = WorkerPool(
         workers.max, lambda i: WorkerContext(make_models(i), by_name), batches.process, batching.max_batch,
