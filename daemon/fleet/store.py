@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -50,6 +51,7 @@ ACTIVATE, REVERT = "activate", "revert"
 PART_SUFFIX = ".part"  # the fetcher's partial files: never admitted
 CORRUPT_SUFFIX = ".corrupt"
 _DIR_MODE = 0o700
+_GROUP_OTHER_BITS = 0o077
 _MAX_NAME_BYTES = 255  # one path component on every Linux file system (docs/fleet.md, unsafe_name)
 _CURRENT, _PREVIOUS, _JOURNAL, _STATE = "current", "previous", "journal.json", "state.json"
 _INCOMING, _RELEASES = "incoming", "releases"
@@ -73,6 +75,8 @@ class ModelStore:
         self.root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         for path in (self.dir, self.dir / _INCOMING, self.dir / _RELEASES):
             path.mkdir(mode=_DIR_MODE, exist_ok=True)
+        for path in (self.root, self.dir):
+            _keep_private(path)
 
     # --- downloads and releases -------------------------------------------------------------
 
@@ -324,6 +328,19 @@ class ModelStore:
         """Bytes an unprivileged writer may still use on the store's file system."""
         stats = os.statvfs(self.dir)
         return stats.f_bavail * stats.f_frsize
+
+
+def _keep_private(directory: Path) -> None:
+    """0700 for a directory we own (mkdir's mode obeys the umask, systemd's StateDirectory is 0755
+    unless told otherwise); never chmod someone else's, as daemon/cache/disk_tier.py does."""
+    info = directory.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == os.geteuid():
+        if mode != _DIR_MODE:
+            os.chmod(directory, _DIR_MODE)
+    elif mode & _GROUP_OTHER_BITS:
+        logger.warning("fleet store %s belongs to uid %d with mode %o: left as it is, so others may read the "
+                       "node's records; make it the service user's, mode 0700", directory, info.st_uid, mode)
 
 
 # --- names ------------------------------------------------------------------------------------

@@ -93,6 +93,14 @@ def test_a_new_store_has_private_dirs_and_nothing_committed(tmp_path):
     assert store.free_bytes() > 0
 
 
+def test_a_root_made_wider_than_private_is_made_private(tmp_path):
+    root = tmp_path / "fleet"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)  # as systemd makes a StateDirectory
+    ModelStore(root, MODEL)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
 def test_admit_moves_the_download_into_releases_and_activate_swaps_the_links(tmp_path):
     store = ModelStore(tmp_path, MODEL)
     _download(store, 1)
