@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.config import drift as config_drift  # noqa: E402
 from daemon.config import escalate as config_cascade  # noqa: E402
+from daemon.config import fleet as config_fleet  # noqa: E402
 from daemon.config import homeassistant as config_ha  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
@@ -113,9 +114,9 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "reuse",
-                                                                                    "drift", "homeassistant"))
+                                                                                    "drift", "homeassistant", "fleet"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
-              "tuple[int, ...]": "list of integers", "tuple": "list", "None": "null"}
+              "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
 
 
 class Section(NamedTuple):
@@ -150,6 +151,12 @@ SECTIONS = (
             "`edge_inferd_drift_psi`."),
     Section("homeassistant", config_ha.HomeAssistantConfig, "homeassistant",
             "Home Assistant MQTT discovery (docs/homeassistant.md): what Home Assistant is told, and when."),
+    Section("fleet", config_fleet.FleetConfig, "fleet", "Model delivery to this node from signed releases "
+            "(docs/fleet.md): desired and reported state over MQTT, a gate on this node's data, a canary on live "
+            "traffic, rollback. Off by default; a model takes part with `models.NAME.managed: true`."),
+    Section("fleet.fetch", config_fleet.FetchConfig, None),
+    Section("fleet.gate", config_fleet.GateConfig, None),
+    Section("fleet.canary", config_fleet.CanaryConfig, None),
 )
 SECTION_CLASSES = {s.cls.__name__ for s in SECTIONS}
 

@@ -41,6 +41,7 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
             r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
         check_escalate(r, config, m, p, route)
     _check_homeassistant(r, config)
+    _check_fleet(r, config)
     if check_models:
         _check_models(r, config)
 
@@ -52,6 +53,18 @@ def _check_homeassistant(r: Reader, config: Config) -> None:
         r.error(_raw_section(r, "homeassistant", dict), "discovery", "homeassistant",
                 f"needs workers.processes 1 (got {config.workers.processes}): each process would track "
                 "a share of every device's requests")
+
+
+def _check_fleet(r: Reader, config: Config) -> None:
+    """The fleet agent swaps models in one process: a supervisor's worker processes would each run
+    an agent of their own over one store."""
+    if config.fleet.enabled and config.workers.processes > 1 and r.ok("fleet", "workers.processes"):
+        r.error(_raw_section(r, "fleet", dict), "enabled", "fleet",
+                f"needs workers.processes 1 (got {config.workers.processes}): each process would install "
+                "releases into the same store")
+    if config.fleet.enabled and not any(mc.managed for mc in config.models.values()) and r.ok("fleet"):
+        r.error(_raw_section(r, "fleet", dict), "enabled", "fleet",
+                "no model has managed: true, so nothing would be delivered")
 
 
 def _raw_section(r: Reader, key: str, kind: type) -> Any:

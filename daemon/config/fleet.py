@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
 
+from daemon.config.mqtt import MqttConfig, fleet_group_topic
 from daemon.config.reader import Reader, systemd_base
 
 AUTO, MANUAL = "auto", "manual"
@@ -117,6 +118,14 @@ class FleetConfig:
     @property
     def min_free_bytes(self) -> int:
         return int(self.fetch.min_free_mb * _MIB)
+
+
+def node_topics(fleet: FleetConfig, mqtt: MqttConfig) -> list[str]:
+    """The fleet topics a node subscribes (docs/fleet.md): its desired document, its groups', its
+    commands; none when the fleet is off."""
+    if not fleet.enabled:
+        return []
+    return [mqtt.fleet_desired_topic, *(fleet_group_topic(g) for g in fleet.groups), mqtt.fleet_cmd_topic]
 
 
 def read_fleet(r: Reader, root: Mapping, base: Path) -> FleetConfig:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from daemon.fleet import desired
+from daemon.fleet.durable import write_json
 from daemon.fleet.refusal import OPERATOR, Refused
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class DocBook:
                                doc.rev, old.rev)
             return []
         self.docs[source] = doc
-        _write(self._path, {s: desired.doc_as_dict(d) for s, d in self.docs.items()})
+        self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_json(self._path, {s: desired.doc_as_dict(d) for s, d in self.docs.items()})
         before = {} if old is None else old.models
         return sorted(name for name in set(before) | set(doc.models) if before.get(name) != doc.models.get(name))
 
@@ -118,19 +119,3 @@ def _read(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
-
-
-def _write(path: Path, data: dict) -> None:
-    """Atomically: a temp file fsynced, renamed over the old one, the directory fsynced."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -37,6 +37,7 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+from daemon.config.fleet import CURRENT_LINK
 from daemon.fleet.durable import TMP_PREFIX, fsync_path, remove, replace_link, write_json
 from daemon.fleet.refusal import DOWNLOAD, OPERATOR, SERIAL_MISMATCH, UNSAFE_NAME, Refused
 
@@ -53,7 +54,8 @@ CORRUPT_SUFFIX = ".corrupt"
 _DIR_MODE = 0o700
 _GROUP_OTHER_BITS = 0o077
 _MAX_NAME_BYTES = 255  # one path component on every Linux file system (docs/fleet.md, unsafe_name)
-_CURRENT, _PREVIOUS, _JOURNAL, _STATE = "current", "previous", "journal.json", "state.json"
+_PREVIOUS, _JOURNAL, _STATE = "previous", "journal.json", "state.json"
+_CURRENT = CURRENT_LINK  # where the config reads a managed model's files (daemon/config/fleet.py)
 _INCOMING, _RELEASES = "incoming", "releases"
 
 

@@ -16,7 +16,6 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from daemon.config.mqtt import fleet_group_topic
 from daemon.config.schema import Config
 from daemon.errors import ConfigError, INTERNAL
 from daemon.fleet.agent import Agent, Host
@@ -31,14 +30,6 @@ logger = logging.getLogger(__name__)
 
 # How long the agent waits for the main loop to apply a swap (the child's check included).
 APPLY_TIMEOUT_S = 300.0
-
-
-def filters(config: Config) -> list[str]:
-    """The fleet topics the node subscribes (none when the fleet is off)."""
-    if not config.fleet.enabled:
-        return []
-    mqtt = config.mqtt
-    return [mqtt.fleet_desired_topic, *(fleet_group_topic(g) for g in config.fleet.groups), mqtt.fleet_cmd_topic]
 
 
 def boot(config: Config) -> bool:

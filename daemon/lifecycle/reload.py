@@ -74,8 +74,9 @@ def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Pla
         restart_from = StepName.MODELS
     elif new.cache != old.cache:
         restart_from = StepName.CACHE
-    elif (new.routes, new.workers, new.batching, new.mqtt, new.stats_interval_s, new.drift, new.homeassistant) != (
-            old.routes, old.workers, old.batching, old.mqtt, old.stats_interval_s, old.drift, old.homeassistant):
+    elif (new.routes, new.workers, new.batching, new.mqtt, new.stats_interval_s, new.drift, new.homeassistant,
+          new.fleet) != (old.routes, old.workers, old.batching, old.mqtt, old.stats_interval_s, old.drift,
+                         old.homeassistant, old.fleet):
         restart_from = StepName.SERVING
     ignored = ("metrics",) if new.metrics != old.metrics else ()
     return Plan(changed, restart_from, digests, ignored)

@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 from daemon.cache.result_cache import ResultCache
+from daemon.config.fleet import node_topics
 from daemon.config.loader import load_config
 from daemon.config.mqtt import NATIVE
 from daemon.config.schema import Config, WorkersConfig
@@ -37,6 +38,7 @@ from daemon.lifecycle.steps import Step, StepName
 from daemon.model.residency import ModelInfo, Residency
 from daemon.obs import stats_topic
 from daemon.obs.drift import DriftMonitor
+from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import Stats
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import route_pipelines
@@ -98,6 +100,8 @@ class Service:
         self._cache: Optional[ResultCache] = None
         self._serving: Optional[wiring.Serving] = None
         self._link: Optional[MqttLink] = None
+        self.watch = ModelWatch() if config.fleet.enabled else None  # each release's answers, for the canary
+        self._agent = None  # the fleet agent (daemon/fleet/agent.py), while the FLEET step runs
         self._devices: Optional[DiscoveredDevices] = None  # Home Assistant discovery; kept across reloads
         self._rate = stats_topic.RequestRate()
         self._started: list[Step] = []
@@ -113,6 +117,7 @@ class Service:
             Step(StepName.WORKERS, self._start_workers, self._stop_workers),
             Step(StepName.METRICS, self._serve_metrics),
             Step(StepName.INTAKE, lambda: self._link.open_intake(), lambda: self._link.close_intake()),
+            Step(StepName.FLEET, self._start_fleet, self._stop_fleet),
         ]
 
     def run(self) -> None:
@@ -182,6 +187,11 @@ class Service:
         return snapshot
 
     def startup(self) -> None:
+        if self.config.fleet.enabled:  # imported only when on: the fleet brings cryptography and urllib
+            from daemon.lifecycle import fleet_node
+
+            if fleet_node.boot(self.config):  # a swap a kill interrupted, finished; a crashing canary undone
+                self.config = self._reread()
         self._start_steps(0, {}, "start-up")
         settle_gc()
 
@@ -244,6 +254,8 @@ class Service:
 
     def _handle_signals(self) -> None:
         """The main loop's side of the signal queue: TERM and INT stop, HUP reloads."""
+        while (call := self.signals.pop_call()) is not None:  # the fleet agent's swaps
+            call()
         while (signum := self.signals.pop()) is not None:
             if signum == signal.SIGHUP:
                 self._reload()
@@ -253,23 +265,29 @@ class Service:
             self._stopping = True
 
     def _reload(self) -> None:
-        """SIGHUP: verify the re-read config in a child, then apply it; on failure keep serving."""
-        logger.info("SIGHUP: reloading %s", self.config.source)
+        self.reload("SIGHUP")
+
+    def reload(self, reason: str) -> Optional[str]:
+        """SIGHUP, or the fleet agent's swap: verify the re-read config in a child, then apply it; on
+        failure keep serving. None when applied (or nothing changed), else why it was not."""
+        logger.info("%s: reloading %s", reason, self.config.source)
         self.stats.incr("reloads")
         try:
             new = self._reread()
             change = reload.plan(self.config, new, {name: m.fingerprint for name, m in self._models.items()})
             if not change.changed:
                 logger.info("reload: nothing to apply%s", _ignored(change))
-                return
+                return None
             problem = reload.verify(new.source, while_waiting=lambda: self._notifier.watchdog(self._progressing()))
             if problem is not None:
                 raise DaemonError(f"the new config or a model failed its check in a child process ({problem})")
             self._apply(new, change)
             settle_gc()
+            return None
         except Exception as exc:  # whatever fails, the running config and models keep serving
             self.stats.incr("reload_failures")
             logger.error("reload failed; still serving the running config and models: %s", exc)
+            return str(exc)
 
     def _apply(self, new: Config, change: "reload.Plan") -> None:
         old, old_models = self.config, self._models
@@ -341,7 +359,9 @@ class Service:
                                      self.config.workers, self._worker_models, self.config.batching,
                                      escalation_topic=self.config.mqtt.escalation_topic,
                                      drift=self.drift,
-                                     devices=self._devices if self._devices.enabled else None)
+                                     devices=self._devices if self._devices.enabled else None,
+                                     watch=self.watch,
+                                     control=self._fleet_message if self.config.fleet.enabled else None)
 
     def _start_workers(self) -> None:
         self._serving.start()
@@ -356,7 +376,8 @@ class Service:
         link_type = MqttLink
         if self.config.mqtt.transport == NATIVE:  # imported only when chosen: mqtt5 has no wheel everywhere
             from daemon.transport.native import NativeLink as link_type
-        self._link = link_type(self.config.mqtt, self._serving.filters, self._serving.intake.on_burst, **options)
+        filters = self._serving.filters + node_topics(self.config.fleet, self.config.mqtt)
+        self._link = link_type(self.config.mqtt, filters, self._serving.intake.on_burst, **options)
         self._serving.attach(self._link)
         self._devices.attach(self._link.publish)
         self._link.start()
@@ -375,6 +396,34 @@ class Service:
 
     def _disconnect(self) -> None:
         self._link.stop()
+
+    def _start_fleet(self) -> None:
+        if self.config.fleet.enabled:
+            from daemon.lifecycle import fleet_node
+
+            self._agent = fleet_node.make_agent(fleet_node.ServiceHost(self, self.signals.post))
+            self._agent.start()
+
+    def _stop_fleet(self) -> None:
+        if self._agent is not None:
+            self._agent.stop()
+            self._agent = None
+
+    def _fleet_message(self, topic: str, payload: bytes) -> bool:
+        """Intake, on the MQTT thread: a fleet document or command goes to the agent (True)."""
+        agent = self._agent
+        return agent is not None and agent.on_message(topic, payload)
+
+    @property
+    def link(self) -> Optional[MqttLink]:
+        return self._link
+
+    @property
+    def models(self) -> dict[str, ModelInfo]:
+        return self._models
+
+    def uptime_s(self) -> float:
+        return time.monotonic() - self._started_at
 
 
 def settle_gc() -> None:

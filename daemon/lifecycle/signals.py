@@ -20,7 +20,7 @@ import os
 import select
 import signal
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
 
 class ForcedExit(BaseException):
@@ -38,6 +38,7 @@ class SignalQueue:
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()  # append and popleft are atomic: no lock needed
+        self._calls: deque = deque()  # work another thread hands the main loop (post)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -56,6 +57,20 @@ class SignalQueue:
             if self.interrupts > 1:
                 raise ForcedExit("second SIGINT: exiting without draining")
         self._pending.append(signum)
+        self._wake()
+
+    def post(self, call: Callable[[], None]) -> None:
+        """From another thread: run `call` on the main loop, which this wakes (the fleet agent's swaps)."""
+        self._calls.append(call)
+        self._wake()
+
+    def pop_call(self) -> Optional[Callable[[], None]]:
+        try:
+            return self._calls.popleft()
+        except IndexError:
+            return None
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"s")
         except BlockingIOError:
@@ -69,8 +84,8 @@ class SignalQueue:
             return None
 
     def wait(self, timeout_s: float) -> bool:
-        """True when a signal is queued (at once, or within timeout_s)."""
-        if self._pending:
+        """True when a signal or a call is queued (at once, or within timeout_s)."""
+        if self._pending or self._calls:
             return True
         ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout_s))
         if ready:
@@ -78,7 +93,7 @@ class SignalQueue:
                 os.read(self._wake_r, 4096)  # drain: the deque is what counts
             except BlockingIOError:
                 pass
-        return bool(self._pending)
+        return bool(self._pending or self._calls)
 
     @property
     def stop_requested(self) -> bool:

@@ -22,6 +22,7 @@ class StepName(str, enum.Enum):
     WORKERS = "workers"
     METRICS = "metrics"
     INTAKE = "intake"
+    FLEET = "fleet"  # the fleet agent (daemon/fleet/agent.py), once requests flow: its swaps are hot swaps
 
     def __str__(self) -> str:
         return self.value

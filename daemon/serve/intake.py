@@ -80,10 +80,12 @@ class Intake:
     def __init__(self, routes: RouteTable, rate: DeviceRate, admission: Admission,
                  submit_many: Callable[[Sequence[Job]], bool], replier: Replier, stats: Stats,
                  remote: Optional[RemoteCascade] = None, clock: Callable[[], float] = time.monotonic,
-                 devices: Optional[DiscoveredDevices] = None):
+                 devices: Optional[DiscoveredDevices] = None,
+                 control: Optional[Callable[[str, bytes], bool]] = None):
         """`submit_many` queues a burst's jobs for the workers (False while they stop); `remote` is
         the far-tier cascade, whose answers arrive here too; `devices` learns each request's device
-        (Home Assistant discovery, ha_devices.py)."""
+        (Home Assistant discovery, ha_devices.py); `control` takes the fleet's documents and commands
+        (True when a message was one: it is acked, never routed)."""
         self._routes = routes
         self._rate = rate
         self._admission = admission
@@ -93,6 +95,7 @@ class Intake:
         self._remote = remote
         self._clock = clock
         self._devices = devices
+        self._control = control
 
     def on_burst(self, inbounds: Sequence[Inbound]) -> None:
         """The messages of one read burst, in order: each routed, rated and admitted, or answered at
@@ -106,6 +109,9 @@ class Intake:
             try:
                 if self._remote is not None and inbound.topic == self._remote.response_topic:
                     self._far_answer(inbound)
+                    continue
+                if self._control is not None and self._control(inbound.topic, inbound.payload):
+                    self._replier.ack(inbound)
                     continue
                 received += 1
                 job = self._admit(inbound, now, tally)

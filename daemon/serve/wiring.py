@@ -83,13 +83,15 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
           make_models: MakeModels, batching: BatchingConfig = BatchingConfig(),
           clock: Callable[[], float] = time.monotonic, escalation_topic: Optional[str] = None,
           drift: Optional[DriftMonitor] = None,
-          devices: Optional[DiscoveredDevices] = None, watch: Optional[ModelWatch] = None) -> Serving:
+          devices: Optional[DiscoveredDevices] = None, watch: Optional[ModelWatch] = None,
+          control: Optional[Callable[[str, bytes], bool]] = None) -> Serving:
     """`escalation_topic`: where far tiers answer this node's `escalate.to_topic` requests. Both
     transports stop reading while the byte budget is full (admission.py), so QoS 1 requests wait
     at the broker instead of being shed.
     `drift`: the answers' distribution per route (daemon/obs/drift.py), fed as replies are tallied.
     `devices`: Home Assistant discovery's device tracker (ha_devices.py), fed by intake.
-    `watch`: each model release's answers and invoke times, for the fleet canary."""
+    `watch`: each model release's answers and invoke times, for the fleet canary.
+    `control`: takes the daemon's own control messages (the fleet's), topic and payload: True when it did."""
     replier = Replier(stats, drift, watch)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
@@ -108,5 +110,5 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
                           clock),
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
-    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices)
+    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices, control)
     return Serving(intake, pool, admission, replier, routes, rate, reuse, remote)

@@ -1,0 +1,80 @@
+"""The canary's verdict, on two release windows of the model watch (daemon/obs/model_watch.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from daemon.config.fleet import CanaryConfig
+from daemon.fleet import canary
+from daemon.obs.model_watch import ModelWatch, ReleaseWindow
+
+CONFIG = CanaryConfig(duration_s=10, min_answers=300, max_internal_rate=0.01, max_latency_ratio=2.0, max_psi=0.25)
+ROUTES = ["r"]
+
+
+def window(indices=(), scores=None, invoke=()) -> ReleaseWindow:
+    scores = scores if scores is not None else [0.9] * len(indices)
+    answers = tuple(("r", i, s) for i, s in zip(indices, scores))
+    return ReleaseWindow(answers, tuple(invoke), len(answers))
+
+
+def classes(n, shares, seed=0):
+    rng = np.random.default_rng(seed)
+    return [int(v) for v in rng.choice(len(shares), size=n, p=shares)]
+
+
+def test_the_same_answers_pass_once_long_enough():
+    before = window(classes(500, [0.5, 0.3, 0.2], 1), invoke=[1e-3] * 50)
+    after = window(classes(400, [0.5, 0.3, 0.2], 2), invoke=[1.1e-3] * 50)
+    assert canary.judge(CONFIG, after, before, 0, 5.0, ROUTES).outcome == canary.WAIT
+    verdict = canary.judge(CONFIG, after, before, 0, 10.0, ROUTES)
+    assert verdict.outcome == canary.PASS
+    assert verdict.figures["psi"] < 0.1 and verdict.figures["latency_ratio"] == pytest.approx(1.1)
+
+
+def test_permuted_labels_fail_on_psi_before_the_duration():
+    before = window(classes(500, [0.6, 0.3, 0.1], 1))
+    after = window([{0: 2, 1: 0, 2: 1}[i] for i in classes(300, [0.6, 0.3, 0.1], 2)])
+    verdict = canary.judge(CONFIG, after, before, 0, 1.0, ROUTES)
+    assert verdict.outcome == canary.FAIL and "PSI" in verdict.reason
+
+
+def test_too_few_answers_judge_no_psi():
+    verdict = canary.judge(CONFIG, window([2] * 50), window([0] * 500), 0, 1.0, ROUTES)
+    assert verdict.outcome == canary.WAIT and verdict.figures["psi"] is None
+
+
+def test_internal_errors_fail():
+    verdict = canary.judge(CONFIG, window([0] * 100), window([0] * 100), 5, 1.0, ROUTES)
+    assert verdict.outcome == canary.FAIL and "internal" in verdict.reason
+
+
+def test_a_slower_release_fails_on_its_p99():
+    verdict = canary.judge(CONFIG, window([0] * 10, invoke=[3e-3] * 30), window([0] * 10, invoke=[1e-3] * 30), 0, 1.0,
+                           ROUTES)
+    assert verdict.outcome == canary.FAIL and "p99" in verdict.reason
+
+
+def test_anomaly_scores_are_compared_in_the_previous_deciles():
+    rng = np.random.default_rng(3)
+    before = window([None] * 500, list(rng.normal(1.0, 0.1, 500)))
+    same = window([None] * 400, list(rng.normal(1.0, 0.1, 400)))
+    shifted = window([None] * 400, list(rng.normal(1.5, 0.1, 400)))
+    assert canary.judge(CONFIG, same, before, 0, 10.0, ROUTES).outcome == canary.PASS
+    assert canary.judge(CONFIG, shifted, before, 0, 1.0, ROUTES).outcome == canary.FAIL
+
+
+def test_without_a_previous_window_only_the_internal_rate_is_judged():
+    verdict = canary.judge(CONFIG, window([1] * 400, invoke=[1.0] * 40), window(), 0, 10.0, ROUTES)
+    assert verdict.outcome == canary.PASS and verdict.figures["psi"] is None and verdict.figures["latency_ratio"] is None
+
+
+def test_the_watch_credits_each_release_and_forgets_on_request():
+    watch = ModelWatch()
+    watch.observe([("aaa", "r", 1, 0.9), ("bbb", "r", 0, 0.8), ("aaa", "r", 2, 0.7)])
+    watch.invoke("aaa", 0.004, 4)
+    assert watch.window("aaa").seen == 2 and watch.window("aaa").invoke_s == (0.001,)
+    assert watch.window("bbb").answers == (("r", 0, 0.8),)
+    watch.forget("aaa")
+    assert watch.window("aaa").seen == 0
