@@ -59,6 +59,7 @@ def measure(config_path: Path, model: str, release_dir: Path, timeout_s: float) 
 def judge(report: Mapping[str, dict], claims: Sequence[Mapping], gate: GateConfig) -> dict:
     """The gate's figures for the reported doc; Refused(GATE) or Refused(CLAIM) when it fails."""
     by_sha = {c.get("validate_sha256"): c for c in claims if isinstance(c, Mapping)}
+    shown = {}
     for route, figures in sorted(report.items()):
         metric, new, current = figures["metric"], figures["value"], figures.get("current")
         if current is not None:
@@ -76,7 +77,8 @@ def judge(report: Mapping[str, dict], claims: Sequence[Mapping], gate: GateConfi
                               f"{figures['data']}, this node measures {new:.4f} (fleet.gate.claim_tolerance "
                               f"{gate.claim_tolerance:g}): a preprocessing or labels mismatch")
             figures = {**figures, "claimed": claimed}
-    return {"passed": True, "routes": {route: _shown(f) for route, f in report.items()}}
+        shown[route] = _shown(figures)
+    return {"passed": True, "routes": shown}
 
 
 def _shown(figures: Mapping) -> dict:
