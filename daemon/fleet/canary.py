@@ -7,7 +7,7 @@ since the swap, and says `pass`, `fail` (with why) or `wait`. Judged:
   (judged once both have LATENCY_MIN_SAMPLES batches);
 - answers: PSI of the new release's answers against the previous release's last answers before
   the swap, per route, at most `max_psi` (judged once both have PSI_MIN_ANSWERS): top-1
-  classes for a classifier, the score in bins cut at the previous answers' deciles for an
+  labels for a classifier (by name: the same model with its labels permuted answers differently), the score in bins cut at the previous answers' deciles for an
   anomaly route (the same measures as drift, docs/drift.md). A release that answers the same
   traffic differently (permuted labels, a shifted threshold) fails here, whatever its gate said.
 A failure is judged as soon as it shows; a pass needs `duration_s` and `min_answers`.
@@ -86,13 +86,12 @@ def worst_psi(new: ReleaseWindow, previous: ReleaseWindow, routes: Sequence[str]
 
 
 def route_psi(new: list, previous: list) -> Optional[float]:
-    """PSI of one route's answers (route, index, score): top-1 classes, else scores in deciles."""
+    """PSI of one route's answers (route, label, score): top-1 labels, else scores in deciles."""
     if len(new) < PSI_MIN_ANSWERS or len(previous) < PSI_MIN_ANSWERS:
         return None
-    if all(a[1] is not None for a in new + previous):
-        size = max(a[1] for a in new + previous) + 1
-        return psi(np.bincount([a[1] for a in previous], minlength=size), np.bincount([a[1] for a in new],
-                                                                                       minlength=size))
+    if all(a[1] is not None for a in new + previous):  # a classifier's top-1 answers, by label
+        labels = sorted({str(a[1]) for a in new + previous})
+        return psi(_counts([str(a[1]) for a in previous], labels), _counts([str(a[1]) for a in new], labels))
     before = np.asarray([a[2] for a in previous if not math.isnan(a[2])])
     after = np.asarray([a[2] for a in new if not math.isnan(a[2])])
     if len(before) < PSI_MIN_ANSWERS or len(after) < PSI_MIN_ANSWERS:
@@ -101,3 +100,11 @@ def route_psi(new: list, previous: list) -> Optional[float]:
     bins = len(edges) + 1
     return psi(np.bincount(np.searchsorted(edges, before, side="right"), minlength=bins),
                np.bincount(np.searchsorted(edges, after, side="right"), minlength=bins))
+
+
+def _counts(values: list, labels: list) -> list[int]:
+    where = {label: i for i, label in enumerate(labels)}
+    counts = [0] * len(labels)
+    for value in values:
+        counts[where[value]] += 1
+    return counts

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import sys
+
+import numpy as np
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from daemon.config.fleet import release_files
 from daemon.config.loader import load_config
-from daemon.config.schema import ANOMALY, DETECT, VALUES, Config
+from daemon.config.model_files import open_model, read_labels
+from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config
 from daemon.errors import DaemonError
 from daemon.model.runtime import file_sha256
-from daemon.pipeline.evaluate import validate
+from daemon.pipeline.evaluate import find_route, load_split, predict, validate
+from daemon.pipeline.route_pipeline import route_pipeline
 
 
 def metric_of(kind: str) -> str:
@@ -44,11 +48,27 @@ def report(config: Config, model: str, release_dir: Path) -> dict:
         if route.model != model or route.validate_data is None or route.kind == DETECT:
             continue
         metric = metric_of(route.kind)
-        new, _ = validate(candidate, route.name, route.validate_data)
-        current, _ = validate(config, route.name, route.validate_data)
-        out[route.name] = {"metric": metric, "value": new[metric], "current": current[metric],
+        if route.kind == CLASSIFY and config.models[model].labels and candidate.models[model].labels:
+            new, current = (label_accuracy(c, config, route.name, route.validate_data) for c in (candidate, config))
+        else:
+            new, current = (validate(c, route.name, route.validate_data)[0][metric] for c in (candidate, config))
+        out[route.name] = {"metric": metric, "value": new, "current": current,
                            "data": str(route.validate_data), "data_sha256": file_sha256(route.validate_data)}
     return out
+
+
+def label_accuracy(config: Config, running: Config, route_name: str, data: Path) -> float:
+    """Top-1 accuracy by label name: the data's labels are the running release's indices, and a
+    release's answers are read through its own labels file, so a release that permutes its labels
+    (or its outputs without its labels) scores as badly as it would answer."""
+    route = find_route(config, route_name)
+    model = open_model(config, route.model)
+    x, y = load_split(data, route)
+    truth = read_labels(running.models[route.model].labels)
+    names = read_labels(config.models[route.model].labels)
+    predicted = predict(route_pipeline(config, route, model), model, x)
+    hits = [names.name(int(p)) == truth.name(int(t)) for p, t in zip(predicted, y)]
+    return round(float(np.mean(hits)), 6) if hits else 0.0
 
 
 def main(argv: list[str]) -> None:

@@ -22,14 +22,15 @@ WINDOW = 2000
 # Releases watched at most (the current, the previous, and one swap in flight).
 RELEASES = 4
 
-WatchedAnswer = tuple[str, str, Optional[int], float]  # (model sha256 prefix, route, top-1 index or None, score)
+# (model sha256 prefix, route, top-1 label (its index when unlabelled) or None, score)
+WatchedAnswer = tuple[str, str, Optional[object], float]
 
 
 @dataclass(frozen=True)
 class ReleaseWindow:
-    """A copy of one release's window: the answers (route, index, score) and per-sample invoke seconds."""
+    """A copy of one release's window: the answers (route, label, score) and per-sample invoke seconds."""
 
-    answers: tuple[tuple[str, Optional[int], float], ...]
+    answers: tuple[tuple[str, Optional[object], float], ...]
     invoke_s: tuple[float, ...]
     seen: int
     """Answers seen since the window was made (more than it holds once it is full)."""

@@ -123,10 +123,11 @@ def drift_answer(reply: dict, answers: list) -> None:
 
 def watched_answer(reply: dict, answers: list) -> None:
     """A result's part in its release's canary window: as `drift_answer`, with the release that
-    made it; a detector's or a `values` reply counts with no score to compare."""
+    made it, and the top-1 answer by its label; a detector's or a `values` reply counts with no
+    score to compare."""
     sha = reply.get("model_sha256", "")
-    if "index" in reply:
-        answers.append((sha, reply["route"], reply["index"], reply["score"]))
+    if "index" in reply:  # by label: a release with the same model and permuted labels answers differently
+        answers.append((sha, reply["route"], reply.get("label", reply["index"]), reply["score"]))
     elif "anomaly_score" in reply:
         answers.append((sha, reply["route"], None, reply["anomaly_score"]))
     else:
