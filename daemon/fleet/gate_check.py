@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
-
-import numpy as np
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+
+import numpy as np
 
 from daemon.config.fleet import release_files
 from daemon.config.loader import load_config
