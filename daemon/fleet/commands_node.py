@@ -11,14 +11,22 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from daemon.fleet import desired
 from daemon.fleet.durable import write_json
 from daemon.fleet.refusal import OPERATOR, Refused
 
-if TYPE_CHECKING:
-    from daemon.fleet.agent import Agent
+
+class Agent(Protocol):
+    """What a command needs of the agent (daemon/fleet/agent.py)."""
+
+    records: dict
+    stores: dict
+
+    def targets(self) -> dict: ...
+    def activate_staged(self, name: str) -> str: ...
+    def rollback(self, name: str, code: str, message: str) -> str: ...
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +80,7 @@ def peek(payload: bytes) -> Optional[dict]:
     return cmd if isinstance(cmd, dict) else None
 
 
-def run(agent: "Agent", payload: bytes) -> dict:
+def run(agent: Agent, payload: bytes) -> dict:
     """One command carried out on the agent's thread; the outcome for the reported doc's `last_cmd`."""
     cmd = peek(payload)
     if cmd is None:
@@ -92,7 +100,7 @@ def run(agent: "Agent", payload: bytes) -> dict:
     return {**outcome, "ok": True, "message": message}
 
 
-def _carry_out(agent: "Agent", name: str, model: str) -> str:
+def _carry_out(agent: Agent, name: str, model: str) -> str:
     record = agent.records[model]
     if name == INSTALL:
         return agent.activate_staged(model)

@@ -20,17 +20,16 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-import sqlite3
 import time
 from typing import Callable, Optional
 
 from daemon.cache.result_cache import ResultCache
 from daemon.config.fleet import node_topics
 from daemon.config.loader import load_config
-from daemon.config.mqtt import NATIVE
-from daemon.config.schema import Config, WorkersConfig
+from daemon.config.schema import Config
 from daemon.errors import DaemonError
 from daemon.lifecycle import drift_reference, reload
+from daemon.lifecycle.link import open_link
 from daemon.lifecycle.models import load_models, worker_models
 from daemon.lifecycle.notify import Notifier
 from daemon.lifecycle.signals import SignalQueue
@@ -46,7 +45,6 @@ from daemon.serve import wiring
 from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.jobs import WorkerModels
 from daemon.transport.mqtt import MqttLink
-from daemon.transport.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -60,28 +58,8 @@ WATCHDOG_CHECKS_PER_PING = 2
 # without a watchdog) is wedged: the pings stop and systemd restarts the daemon.
 STALL_LIMIT_PINGS = 1
 STALL_LIMIT_S = 30.0
-# Requests in flight to us at most (see receive_maximum).
-RECEIVE_MAXIMUM_CAP = 1024
-# The smallest request we expect, for turning the byte budget into a message count.
-SMALL_REQUEST_BYTES = 1024
 # The main loop looks for idle models at least this far apart (a copy busy past its idle time).
 IDLE_CHECK_MIN_S = 0.05
-
-
-def receive_maximum(workers: WorkersConfig) -> int:
-    """The MQTT v5 ReceiveMaximum: requests the broker may have in flight to us, unacked.
-
-    Bounded, not as high as MQTT allows. Requests are acked only once their reply's
-    PUBACK is back, and mosquitto walks a client's in-flight list for each PUBACK: with
-    65,535 allowed, an overload piled up tens of thousands in flight and the broker
-    stalled (2,302 of 75,200 requests answered at 2x capacity, against 67,337 of 69,584
-    with 1,024; docs/performance.md). Beyond this window a burst waits in the broker's
-    queue, so `max_queued_messages` must hold it (mosquitto silently drops past its
-    default of 1,000; the README says so). A byte budget smaller than the window lowers it.
-    """
-    return max(1, min(RECEIVE_MAXIMUM_CAP, workers.queue_bytes // SMALL_REQUEST_BYTES))
-
-
 class Service:
     def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
                  reread: Optional[Callable[[], Config]] = None, notifier: Optional[Notifier] = None):
@@ -370,29 +348,10 @@ class Service:
         self._serving.stop(self.config.workers.drain_timeout_s)
 
     def _connect(self) -> None:
-        options: dict = {"receive_maximum": receive_maximum(self.config.workers), "outbox": self._open_outbox(),
-                         "largest_request": max((r.input.max_bytes for r in self.config.routes), default=0),
-                         "may_read": self._serving.admission.has_room}  # a full byte budget stops reading
-        link_type = MqttLink
-        if self.config.mqtt.transport == NATIVE:  # imported only when chosen: mqtt5 has no wheel everywhere
-            from daemon.transport.native import NativeLink as link_type
         filters = self._serving.filters + node_topics(self.config.fleet, self.config.mqtt)
-        self._link = link_type(self.config.mqtt, filters, self._serving.intake.on_burst, **options)
-        self._serving.attach(self._link)
+        self._link = open_link(self.config, self._serving, filters)
         self._devices.attach(self._link.publish)
         self._link.start()
-
-    def _open_outbox(self) -> Optional[Outbox]:
-        """The on-disk outbox, or None (turned off, or it cannot be opened: replies then wait
-        in paho's memory while the broker is away, and are lost if the daemon stops meanwhile)."""
-        config = self.config.mqtt.outbox
-        if config.max_mb <= 0:
-            return None
-        try:
-            return Outbox(config.dir, int(config.max_mb * 1024 * 1024))
-        except (OSError, sqlite3.Error) as exc:
-            logger.warning("mqtt.outbox: cannot open %s (%s); serving without an on-disk outbox", config.dir, exc)
-            return None
 
     def _disconnect(self) -> None:
         self._link.stop()

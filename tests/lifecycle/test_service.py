@@ -9,7 +9,8 @@ import pytest
 from daemon.config.schema import WorkersConfig
 from daemon.config.loader import load_config
 from daemon.errors import ModelError
-from daemon.lifecycle.service import Service, receive_maximum, settle_gc
+from daemon.lifecycle.link import receive_maximum
+from daemon.lifecycle.service import Service, settle_gc
 from daemon.lifecycle.signals import ForcedExit
 from daemon.lifecycle.steps import Step
 
@@ -19,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_start_up_connects_before_the_workers_start_so_shutdown_drains_them_before_disconnecting():
     service = Service(load_config(ROOT / "config.yaml"))
     names = [s.name for s in service.steps()]
-    assert names == ["models", "cache", "serving", "mqtt", "workers", "metrics", "intake"]
+    assert names == ["models", "cache", "serving", "mqtt", "workers", "metrics", "intake", "fleet"]
     stopping = [s.name for s in reversed(service.steps()) if s.stop is not None]
-    assert stopping == ["intake", "workers", "mqtt", "cache"]  # replies still have a connection to leave by
+    # replies still have a connection to leave by; the fleet agent, which swaps models, goes first
+    assert stopping == ["fleet", "intake", "workers", "mqtt", "cache"]
 
 
 def test_signals_are_only_queued_and_a_second_sigint_forces_the_exit():
