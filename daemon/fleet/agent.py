@@ -27,7 +27,7 @@ from daemon.config.mqtt import fleet_group_topic
 from daemon.config.schema import Config
 from daemon.fleet import canary, commands_node, desired
 from daemon.fleet.install import Installer
-from daemon.fleet.records import (ACTIVE, CANARY, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release)
+from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
 from daemon.fleet.refusal import CANARY as CANARY_CODE, LOAD, Refused
 from daemon.fleet.store import ModelStore
 from daemon.obs.model_watch import ModelWatch
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 # The agent looks at its canaries this often when no message comes.
 TICK_S = 1.0
+# A download's progress goes into the reported document at most this often.
+PROGRESS_INTERVAL_S = 0.5
 _STOP = object()
 # Refusals a new rev of a desired document clears: a later try may get past them.
 TRANSIENT = ("download", "no_space")
@@ -87,6 +89,7 @@ class Agent:
         self._events: queue.Queue = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._last_report = b""
+        self._progress_at = 0.0
         self.last_cmd: Optional[dict] = None
         self._resume_canaries()
 
@@ -298,9 +301,12 @@ class Agent:
         record.state = state
         for key, value in fields.items():
             setattr(record, key, value)
-        if moved or "error" in fields or state != "downloading":
+        if moved or state != DOWNLOADING:
             self.stores[name].write_state(record.as_state())
-        self._publish_report()
+        now = self._clock()
+        if moved or state != DOWNLOADING or now - self._progress_at >= PROGRESS_INTERVAL_S:
+            self._progress_at = now  # a download's progress is shown, not published per chunk
+            self._publish_report()
 
     def _release(self, name: str, serial: Optional[int]) -> Optional[Release]:
         directory = None if serial is None else self.stores[name].release_dir(serial)
