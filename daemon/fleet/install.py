@@ -22,7 +22,7 @@ from daemon.fleet import gate
 from daemon.fleet.desired import Target
 from daemon.fleet.fetch import FetchPolicy, fetch_file, fetch_small
 from daemon.fleet.refusal import DOWNGRADE, INTERFACE, NO_SPACE, SERIAL_MISMATCH, TOO_LARGE, WRONG_MODEL, Refused
-from daemon.fleet.release import Manifest, interface_from_json, verify_manifest
+from daemon.fleet.release import Manifest, verify_manifest
 from daemon.fleet.store import ModelStore
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Installer:
         if committed is not None and manifest.serial < committed and not kept and not fleet.allow_downgrade:
             raise Refused(DOWNGRADE, f"serial {manifest.serial} is below the committed {committed} and not kept here "
                           "(fleet.allow_downgrade is false)")
-        problems = interface_problems(self.config, self.model, interface_from_json(manifest.interface))
+        problems = interface_problems(self.config, self.model, manifest.interface)
         if problems:
             raise Refused(INTERFACE, "; ".join(problems))
         return manifest, data, signatures
@@ -102,7 +102,8 @@ class Installer:
         self.set_state("gating")
         release_dir = self.store.release_dir(manifest.serial)
         report, cpu_s = gate.measure(self.config.source, self.model, release_dir, self.config.fleet.gate.timeout_s)
-        figures = gate.judge(report, manifest.claims, self.config.fleet.gate)
+        claims = [{"validate_sha256": c.validate_sha256, "metric": c.metric, "value": c.value} for c in manifest.claims]
+        figures = gate.judge(report, claims, self.config.fleet.gate)
         figures["cpu_s"] = round(cpu_s, 3)
         note = gate.gated_routes(report)
         if note:

@@ -21,7 +21,7 @@ from daemon.errors import ConfigError, INTERNAL
 from daemon.fleet.agent import Agent, Host
 from daemon.fleet.fetch import FetchPolicy
 from daemon.fleet.install import Installer
-from daemon.fleet.minisign import load_public_key
+from daemon.fleet.minisign import MinisignError, load_public_key
 from daemon.fleet.records import CANARY, ROLLED_BACK, ModelRecord
 from daemon.fleet.refusal import CANARY as CANARY_CODE
 from daemon.fleet.store import ModelStore
@@ -68,7 +68,7 @@ def trusted_keys(config: Config) -> list:
     for i, entry in enumerate(config.fleet.trusted_keys):
         try:
             keys.append(load_public_key(entry, base))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, MinisignError) as exc:
             problems.append(f"fleet.trusted_keys[{i}]: {exc}")
     if problems:
         raise ConfigError(problems)
