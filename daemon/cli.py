@@ -232,6 +232,12 @@ def _watch_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from daemon.fleet.commands import run
+
+    return EXIT_OK if run(args) else EXIT_FAIL
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from daemon.tools.demo import run_demo
 
@@ -240,7 +246,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"run": _cmd_run, "check-config": _cmd_check, "validate": _cmd_validate, "inspect": _cmd_inspect,
              "bench": _cmd_bench,
-             "status": _cmd_status, "demo": _cmd_demo}
+             "status": _cmd_status, "fleet": _cmd_fleet, "demo": _cmd_demo}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

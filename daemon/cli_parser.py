@@ -23,6 +23,9 @@ DEV_CONFIG = Path("config.yaml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default); written here so
 # `edge-inferd -h` does not import the bench.
+# `fleet sign --claim-metric`: what `edge-inferd validate` prints by output kind (daemon/fleet/release.py
+# METRICS, which a node checks; written here so `edge-inferd -h` does not import the fleet).
+CLAIM_METRICS = ("accuracy", "roc_auc", "mae")
 ALL_BENCH_PHASES = ("drain", "openloop", "cache", "batching", "burst30k", "overload", "openloop1000", "cachepair")
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter  # keeps the examples' line breaks
@@ -44,6 +47,7 @@ def build() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_bench(sub)
     _add_status(sub)
+    _add_fleet(sub)
     _add_demo(sub)
     return parser
 
@@ -203,6 +207,51 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                         help="keep following the nodes and redraw their table every SECONDS (default 2; "
                              "80 columns; Ctrl-C stops)")
+
+
+def _add_fleet(sub: argparse._SubParsersAction) -> None:
+    """`fleet VERB`: one _add_fleet_<verb> per verb (cli.py dispatches on `fleet_command`)."""
+    fleet = _command(sub, "fleet", "signed model releases for a fleet of nodes (docs/fleet.md)", (
+        "Fleet delivery: make a signing key, sign a release directory for an HTTP(S) server, and (to come)\n"
+        "roll it out over the broker."))
+    verbs = fleet.add_subparsers(dest="fleet_command", required=True, metavar="VERB", help="one of:")
+    _add_fleet_keygen(verbs)
+    _add_fleet_sign(verbs)
+
+
+def _add_fleet_keygen(verbs: argparse._SubParsersAction) -> None:
+    keygen = _command(verbs, "keygen", "a new minisign key pair for signing releases", (
+        "Write PREFIX.key (the secret key, mode 0600; unencrypted unless --password-file) and PREFIX.pub,\n"
+        "minisign's own formats, and print the public key line for fleet.trusted_keys. Never overwrites."),
+        example="edge-inferd fleet keygen --out keys/release-1")
+    keygen.add_argument("--out", required=True, type=Path, metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub")
+    keygen.add_argument("--comment", metavar="TEXT", help="the public key file's untrusted comment")
+    keygen.add_argument("--password-file", type=Path, metavar="FILE",
+                        help="encrypt the secret key with the password in FILE (its first line; scrypt, as minisign)")
+
+
+def _add_fleet_sign(verbs: argparse._SubParsersAction) -> None:
+    sign = _command(verbs, "sign", "make a signed release directory, or add a signature to one", (
+        "Copy the model (and labels) into --out, read the model's interface as the daemon loads it, and\n"
+        "write manifest.json and manifest.json.minisig (trusted comment model=M version=V serial=N).\n"
+        "With --add-signature, append this key's signature to the release in --out (fleet.threshold > 1)."),
+        example="edge-inferd fleet sign --key keys/release-1.key --model-file model.tflite --labels labels.txt "
+                "--name activity --version 1.3.0 --serial 4 --out releases/activity/4")
+    sign.add_argument("--key", required=True, type=Path, metavar="K.key", help="the minisign secret key")
+    sign.add_argument("--password-file", type=Path, metavar="FILE", help="the key's password, when it is encrypted")
+    sign.add_argument("--out", required=True, type=Path, metavar="DIR", help="the release directory")
+    sign.add_argument("--add-signature", action="store_true",
+                      help="sign the existing release in --out (the options below are not used)")
+    sign.add_argument("--model-file", type=Path, metavar="M.tflite", help="the model (needed unless --add-signature)")
+    sign.add_argument("--labels", type=Path, metavar="L", help="the labels file (optional)")
+    sign.add_argument("--name", metavar="MODEL", help="the model's name in the nodes' configs (models.<name>)")
+    sign.add_argument("--version", metavar="V", help="the release's version, e.g. 1.3.0 (no spaces)")
+    sign.add_argument("--serial", type=int, metavar="N", help="higher than every earlier release of this model")
+    sign.add_argument("--claim-data", type=Path, metavar="F.npz",
+                      help="with --claim-metric and --claim-value: the .npz `edge-inferd validate` measured on")
+    sign.add_argument("--claim-metric", choices=CLAIM_METRICS, help="the metric validate printed")
+    sign.add_argument("--claim-value", type=float, metavar="X", help="its value")
+    sign.add_argument("--summary", default="", metavar="TEXT", help="what changed, for operators")
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

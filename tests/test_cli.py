@@ -49,8 +49,9 @@ def test_no_logging_options_means_info():
 def test_every_command_has_a_description_and_every_option_help():
     parser = cli_parser.build()
     commands = parser._subparsers._group_actions[0].choices
-    bench = commands["bench"]._subparsers._group_actions[0].choices
-    for name, sub in {**commands, **{f"bench {k}": v for k, v in bench.items()}}.items():
+    groups = {group: commands[group]._subparsers._group_actions[0].choices for group in ("bench", "fleet")}
+    nested = {f"{group} {k}": v for group, verbs in groups.items() for k, v in verbs.items()}
+    for name, sub in {**commands, **nested}.items():
         assert sub.description, name
         for action in sub._actions:
             assert action.help, f"{name} {action.option_strings}"

@@ -44,18 +44,21 @@ def make_release(out_dir: Path | str, model_name: str, version: str, serial: int
     if len({p.name for p in sources}) != len(sources):
         raise DaemonError(f"the model and the labels are both named {sources[0].name!r}: rename one")
     interface = Model(sources[0], max_batch=SIGN_BATCH, xnnpack=SIGN_XNNPACK).interface
-    entries = tuple(FileEntry(p.name, p.stat().st_size, file_sha256(p)) for p in sources)
-    manifest = Manifest(model_name, version, serial, entries, sources[0].name,
-                        sources[1].name if labels_path is not None else None, interface, tuple(claims), summary)
-    data = manifest.to_bytes()
-    parse_manifest(data)  # what is signed must be what a node reads: its rules on names, versions, claims
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for source, entry in zip(sources, entries):
-        _copy_in(source, out_dir / entry.name, entry)
-    _write_new(out_dir / MANIFEST_NAME, data)
-    _write_new(out_dir / SIGNATURE_NAME, sign(data, secret_key, manifest.trusted_comment,
-                                              _untrusted_comment(secret_key)).encode("ascii"))
-    logger.info("release %s %s serial %d in %s, signed by %s", model_name, version, serial, out_dir,
+    try:
+        entries = tuple(FileEntry(p.name, p.stat().st_size, file_sha256(p)) for p in sources)
+        manifest = Manifest(model_name, version, serial, entries, sources[0].name,
+                            sources[1].name if labels_path is not None else None, interface, tuple(claims), summary)
+        data = manifest.to_bytes()
+        parse_manifest(data)  # what is signed must be what a node reads: its rules on names, versions, claims
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for source, entry in zip(sources, entries):
+            _copy_in(source, out_dir / entry.name, entry)
+        _write_new(out_dir / MANIFEST_NAME, data)
+        _write_new(out_dir / SIGNATURE_NAME, sign(data, secret_key, manifest.trusted_comment,
+                                                  _untrusted_comment(secret_key)).encode("ascii"))
+    except OSError as exc:
+        raise DaemonError(f"{exc.filename or out_dir}: {exc.strerror or exc}") from None
+    logger.debug("release %s %s serial %d in %s, signed by %s", model_name, version, serial, out_dir,
                 secret_key.key_id_hex)
     return manifest
 
@@ -92,5 +95,5 @@ def add_signature(out_dir: Path | str, secret_key: SecretKey) -> Manifest:
     partial = out_dir / f".{SIGNATURE_NAME}.partial"
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, out_dir / SIGNATURE_NAME)  # a reader sees the old signatures or all of them
-    logger.info("added a signature by %s to %s (%d in all)", secret_key.key_id_hex, out_dir, len(signers) + 1)
+    logger.debug("added a signature by %s to %s (%d in all)", secret_key.key_id_hex, out_dir, len(signers) + 1)
     return manifest
