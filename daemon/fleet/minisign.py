@@ -95,6 +95,10 @@ class PublicKey:
     key_id: bytes
     key: bytes
 
+    def __post_init__(self):
+        if len(self.key_id) != KEY_ID_BYTES or len(self.key) != PUBLIC_BYTES:
+            raise MinisignError("public key: wrong length")
+
     @classmethod
     def from_text(cls, text: str) -> "PublicKey":
         """A .pub file's text (comment line, key line) or the bare base64 key line."""
@@ -120,7 +124,7 @@ class PublicKey:
     def to_text(self, comment: Optional[str] = None) -> str:
         return f"{UNTRUSTED_PREFIX}{comment or 'minisign public key ' + self.key_id_hex}\n{self.line}\n"
 
-    def _verifier(self) -> Ed25519PublicKey:
+    def verifier(self) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(self.key)
 
 
@@ -133,7 +137,7 @@ class SecretKey:
     def __post_init__(self):
         if len(self.key_id) != KEY_ID_BYTES or len(self.secret) != SECRET_BYTES:
             raise MinisignError("secret key: wrong length")
-        derived = self._signer().public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        derived = self.signer().public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         if derived != self.secret[SEED_BYTES:]:
             raise MinisignError("secret key: its public half does not match its seed (a damaged key file)")
 
@@ -145,7 +149,7 @@ class SecretKey:
     def key_id_hex(self) -> str:
         return _hex_id(self.key_id)
 
-    def _signer(self) -> Ed25519PrivateKey:
+    def signer(self) -> Ed25519PrivateKey:
         return Ed25519PrivateKey.from_private_bytes(self.secret[:SEED_BYTES])
 
 
@@ -311,11 +315,11 @@ class Signature:
         """True when `pk` made this signature of `data` and of its trusted comment (the global signature)."""
         if self.key_id != pk.key_id or self.alg not in SIGNATURE_ALGS:
             return False
-        verifier = pk._verifier()
         try:
+            verifier = pk.verifier()
             verifier.verify(self.signature, _signed_message(data, self.alg))
             verifier.verify(self.global_signature, self.signature + self.trusted_comment.encode("utf-8"))
-        except InvalidSignature:
+        except (InvalidSignature, ValueError):  # ValueError: 32 bytes that are not a curve point
             return False
         return True
 
@@ -335,7 +339,7 @@ def sign(data: bytes, sk: SecretKey, trusted_comment: str, untrusted_comment: st
     """A signature file's text (4 lines): prehashed "ED" as minisign 0.11 signs, or legacy "Ed"."""
     trusted = _one_line(trusted_comment, "trusted comment")
     alg = PREHASHED_ALG if prehashed else LEGACY_ALG
-    signer = sk._signer()
+    signer = sk.signer()
     signature = signer.sign(_signed_message(data, alg))
     global_signature = signer.sign(signature + trusted.encode("utf-8"))
     return Signature(alg, sk.key_id, signature, trusted, global_signature,

@@ -69,7 +69,10 @@ class Manifest:
         return trusted_comment(self.model, self.version, self.serial)
 
     def file(self, name: str) -> FileEntry:
-        return next(entry for entry in self.files if entry.name == name)
+        for entry in self.files:
+            if entry.name == name:
+                return entry
+        raise KeyError(f"{name!r} is not in the manifest's files")
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {

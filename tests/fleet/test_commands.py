@@ -104,19 +104,32 @@ def test_a_bad_key_file_exits_1(tmp_path, capsys):
     assert code == cli.EXIT_FAIL and "bad.key" in err and len(err.splitlines()) == 1
 
 
-def test_an_encrypted_key_from_keygen_signs(tmp_path, capsys):
-    """minisign's own scrypt limits (1 GiB, seconds): once to write, once to read."""
+def test_keygen_encrypts_with_minisigns_own_scrypt_limits(tmp_path, capsys):
+    """Writing costs one scrypt at 1 GiB (seconds); reading it back is test_minisign's business."""
     (tmp_path / "pw").write_text("correct horse\n")
-    pk = _keygen(capsys, tmp_path / "enc", "--password-file", str(tmp_path / "pw"))
+    _keygen(capsys, tmp_path / "enc", "--password-file", str(tmp_path / "pw"))
     raw = minisign._b64decode((tmp_path / "enc.key").read_text().splitlines()[1], "key")
     assert raw[2:4] == minisign.KDF_SCRYPT
+    assert int.from_bytes(raw[38:46], "little") == minisign.OPSLIMIT_SENSITIVE
+    assert int.from_bytes(raw[46:54], "little") == minisign.MEMLIMIT_SENSITIVE
+
+
+def test_sign_with_an_encrypted_key_and_its_password_file(tmp_path, capsys):
+    sk = minisign.generate()
+    minisign.write_secret_key(tmp_path / "enc.key", sk, b"correct horse", 1 << 20, 1 << 24)  # small scrypt: fast
+    (tmp_path / "pw").write_text("correct horse\n")
     code, out, err = _main(capsys, *_sign_args(tmp_path / "enc.key", tmp_path / "rel"))
     assert code == cli.EXIT_FAIL and "encrypted" in err
+    (tmp_path / "wrong").write_text("wrong horse\n")
+    code, out, err = _main(capsys, *_sign_args(tmp_path / "enc.key", tmp_path / "rel"), "--password-file",
+                           str(tmp_path / "wrong"))
+    assert code == cli.EXIT_FAIL and "wrong password" in err
     code, out, err = _main(capsys, *_sign_args(tmp_path / "enc.key", tmp_path / "rel"),
                            "--password-file", str(tmp_path / "pw"))
     assert code == cli.EXIT_OK, err
     rel = tmp_path / "rel"
-    assert verify_manifest((rel / MANIFEST_NAME).read_bytes(), (rel / SIGNATURE_NAME).read_text(), [pk], 1)
+    assert verify_manifest((rel / MANIFEST_NAME).read_bytes(), (rel / SIGNATURE_NAME).read_text(),
+                           [sk.public_key], 1)
 
 
 @pytest.mark.skipif(MINISIGN is None, reason="minisign is not installed (apt-get install minisign)")

@@ -204,3 +204,21 @@ def test_our_key_signs_with_minisign(tmp_path, signed, password):
     _minisign(*args, stdin=f"{password}\n" if password else "")  # minisign sees the key is not encrypted
     (sig,) = minisign.parse_signatures(Path(f"{signed}.minisig").read_text())
     assert sig.verify(DATA, sk.public_key)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_key_readers_raise_only_minisign_errors(text):
+    for read in (PublicKey.from_text, minisign.parse_secret_key):
+        try:
+            read(text)
+        except MinisignError:
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=minisign.PUBLIC_KEY_BYTES - 2, max_size=minisign.PUBLIC_KEY_BYTES - 2))
+def test_any_public_key_bytes_verify_false_never_raise(raw):
+    pk = PublicKey.from_text(minisign._b64(minisign.KEY_ALG + raw))
+    sig = minisign.parse_signatures(minisign.sign(DATA, minisign.generate(), COMMENT))[0]
+    assert not minisign.Signature(sig.alg, pk.key_id, sig.signature, COMMENT, sig.global_signature).verify(DATA, pk)

@@ -354,3 +354,18 @@ def test_a_manifest_with_any_one_value_replaced_parses_or_is_refused(doc, data):
         parse_manifest(json.dumps(changed).encode())
     except Refused as exc:
         assert exc.code in (BAD_MANIFEST, UNSAFE_NAME)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text())
+def test_verify_manifest_refuses_any_signature_text_with_refused_only(keys, manifest_bytes, text):
+    with pytest.raises(Refused) as info:
+        verify_manifest(manifest_bytes, text, [keys[0].public_key], 1)
+    assert info.value.code in (BAD_SIGNATURE, UNTRUSTED_KEY)
+
+
+def test_a_manifests_file_by_name(manifest_bytes):
+    manifest = parse_manifest(manifest_bytes)
+    assert manifest.file("labels.txt").size == LABELS.stat().st_size
+    with pytest.raises(KeyError, match="other"):
+        manifest.file("other")
