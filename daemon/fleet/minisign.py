@@ -66,6 +66,9 @@ _MAXMEM_LIMIT = 2**31 - 1  # hashlib.scrypt's maxmem is a C int
 UNTRUSTED_PREFIX = "untrusted comment: "
 TRUSTED_PREFIX = "trusted comment: "
 SIGNATURE_LINES = 4
+# minisign -V reads the trusted comment line into an 8192-byte buffer (TRUSTEDCOMMENTMAXBYTES), its prefix,
+# newline and NUL included: a longer comment signs here but fails there (checked against 0.11 by hand).
+TRUSTED_COMMENT_MAX_BYTES = 8192 - len(TRUSTED_PREFIX) - 2
 DEFAULT_UNTRUSTED = "signature from minisign secret key"
 SECRET_FILE_MODE = 0o600
 
@@ -338,6 +341,8 @@ def sign(data: bytes, sk: SecretKey, trusted_comment: str, untrusted_comment: st
          prehashed: bool = True) -> str:
     """A signature file's text (4 lines): prehashed "ED" as minisign 0.11 signs, or legacy "Ed"."""
     trusted = _one_line(trusted_comment, "trusted comment")
+    if len(trusted.encode("utf-8")) > TRUSTED_COMMENT_MAX_BYTES:
+        raise MinisignError(f"trusted comment: longer than the {TRUSTED_COMMENT_MAX_BYTES} bytes minisign reads")
     alg = PREHASHED_ALG if prehashed else LEGACY_ALG
     signer = sk.signer()
     signature = signer.sign(_signed_message(data, alg))

@@ -50,12 +50,12 @@ def make_release(out_dir: Path | str, model_name: str, version: str, serial: int
                             sources[1].name if labels_path is not None else None, interface, tuple(claims), summary)
         data = manifest.to_bytes()
         parse_manifest(data)  # what is signed must be what a node reads: its rules on names, versions, claims
+        signature = sign(data, secret_key, manifest.trusted_comment, _untrusted_comment(secret_key))
         out_dir.mkdir(parents=True, exist_ok=True)
         for source, entry in zip(sources, entries):
             _copy_in(source, out_dir / entry.name, entry)
         _write_new(out_dir / MANIFEST_NAME, data)
-        _write_new(out_dir / SIGNATURE_NAME, sign(data, secret_key, manifest.trusted_comment,
-                                                  _untrusted_comment(secret_key)).encode("ascii"))
+        _write_new(out_dir / SIGNATURE_NAME, signature.encode("utf-8"))
     except OSError as exc:
         raise DaemonError(f"{exc.filename or out_dir}: {exc.strerror or exc}") from None
     logger.debug("release %s %s serial %d in %s, signed by %s", model_name, version, serial, out_dir,

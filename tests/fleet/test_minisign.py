@@ -222,3 +222,15 @@ def test_any_public_key_bytes_verify_false_never_raise(raw):
     pk = PublicKey.from_text(minisign._b64(minisign.KEY_ALG + raw))
     sig = minisign.parse_signatures(minisign.sign(DATA, minisign.generate(), COMMENT))[0]
     assert not minisign.Signature(sig.alg, pk.key_id, sig.signature, COMMENT, sig.global_signature).verify(DATA, pk)
+
+
+@needs_minisign
+def test_the_longest_trusted_comment_we_sign_is_one_minisign_reads(tmp_path, signed):
+    sk = minisign.generate()
+    sig = tmp_path / "long.minisig"
+    sig.write_text(minisign.sign(DATA, sk, "v" * minisign.TRUSTED_COMMENT_MAX_BYTES))
+    _minisign("-V", "-q", "-m", str(signed), "-x", str(sig), "-P", sk.public_key.line)
+    with pytest.raises(MinisignError, match="trusted comment"):
+        minisign.sign(DATA, sk, "v" * (minisign.TRUSTED_COMMENT_MAX_BYTES + 1))
+    with pytest.raises(MinisignError, match="one line"):
+        minisign.sign(DATA, sk, "a\nb")

@@ -102,6 +102,8 @@ def test_a_model_the_daemon_cannot_serve_is_not_released(tmp_path, keys):
 def test_a_release_whose_manifest_a_node_would_refuse_is_not_made(tmp_path, keys):
     _refused(BAD_MANIFEST, publish.make_release, tmp_path / "r", "activity", "1 3", 1, MODEL, None, keys[0])
     _refused(UNSAFE_NAME, publish.make_release, tmp_path / "r", "../x", "1", 1, MODEL, None, keys[0])
+    with pytest.raises(minisign.MinisignError, match="trusted comment"):  # a version minisign -V could not read
+        publish.make_release(tmp_path / "r", "activity", "1" * 9000, 1, MODEL, None, keys[0])
     assert not (tmp_path / "r").exists()
 
 
