@@ -42,10 +42,11 @@ def keygen(args: argparse.Namespace) -> bool:
         raise DaemonError(f"{' and '.join(existing)} already {verb}; not overwriting a key")
     password = read_password(args.password_file)
     sk = minisign.generate()
+    pub_text = sk.public_key.to_text(args.comment)  # a comment it refuses is refused before any file is written
     minisign.write_secret_key(key, sk, password)
     try:
-        with open(pub, "x", encoding="ascii") as fh:
-            fh.write(sk.public_key.to_text(args.comment))
+        with open(pub, "x", encoding="utf-8") as fh:
+            fh.write(pub_text)
     except OSError as exc:
         key.unlink()  # half a key pair is no use, and the next keygen would refuse over it
         raise DaemonError(f"{pub}: cannot write the public key ({exc.strerror or exc})") from None

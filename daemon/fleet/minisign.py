@@ -69,6 +69,8 @@ SIGNATURE_LINES = 4
 # minisign -V reads the trusted comment line into an 8192-byte buffer (TRUSTEDCOMMENTMAXBYTES), its prefix,
 # newline and NUL included: a longer comment signs here but fails there (checked against 0.11 by hand).
 TRUSTED_COMMENT_MAX_BYTES = 8192 - len(TRUSTED_PREFIX) - 2
+# Likewise an untrusted comment line (COMMENTMAXBYTES, 1024): a longer one breaks minisign's reading of the file.
+UNTRUSTED_COMMENT_MAX_BYTES = 1024 - len(UNTRUSTED_PREFIX) - 2
 DEFAULT_UNTRUSTED = "signature from minisign secret key"
 SECRET_FILE_MODE = 0o600
 
@@ -125,7 +127,8 @@ class PublicKey:
         return _b64(KEY_ALG + self.key_id + self.key)
 
     def to_text(self, comment: Optional[str] = None) -> str:
-        return f"{UNTRUSTED_PREFIX}{comment or 'minisign public key ' + self.key_id_hex}\n{self.line}\n"
+        comment = _untrusted(comment or f"minisign public key {self.key_id_hex}")
+        return f"{UNTRUSTED_PREFIX}{comment}\n{self.line}\n"
 
     def verifier(self) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(self.key)
@@ -284,7 +287,7 @@ def load_public_key(entry: str, base: Path) -> PublicKey:
         pass
     path = Path(entry) if Path(entry).is_absolute() else base / entry
     try:
-        text = path.read_text(encoding="ascii")
+        text = path.read_text(encoding="utf-8")  # its comment may be any text
     except (OSError, UnicodeDecodeError) as exc:
         raise MinisignError(f"{entry}: neither a minisign public key nor a readable .pub file "
                             f"({getattr(exc, 'strerror', None) or exc})") from None
@@ -337,6 +340,12 @@ def _one_line(text: str, what: str) -> str:
     return text
 
 
+def _untrusted(comment: str) -> str:
+    if len(_one_line(comment, "untrusted comment").encode("utf-8")) > UNTRUSTED_COMMENT_MAX_BYTES:
+        raise MinisignError(f"untrusted comment: longer than the {UNTRUSTED_COMMENT_MAX_BYTES} bytes minisign reads")
+    return comment
+
+
 def sign(data: bytes, sk: SecretKey, trusted_comment: str, untrusted_comment: str = DEFAULT_UNTRUSTED,
          prehashed: bool = True) -> str:
     """A signature file's text (4 lines): prehashed "ED" as minisign 0.11 signs, or legacy "Ed"."""
@@ -347,8 +356,7 @@ def sign(data: bytes, sk: SecretKey, trusted_comment: str, untrusted_comment: st
     signer = sk.signer()
     signature = signer.sign(_signed_message(data, alg))
     global_signature = signer.sign(signature + trusted.encode("utf-8"))
-    return Signature(alg, sk.key_id, signature, trusted, global_signature,
-                     _one_line(untrusted_comment, "untrusted comment")).to_text()
+    return Signature(alg, sk.key_id, signature, trusted, global_signature, _untrusted(untrusted_comment)).to_text()
 
 
 def parse_signatures(text: str) -> list[Signature]:

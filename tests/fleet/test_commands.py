@@ -54,6 +54,11 @@ def test_keygen_writes_a_key_pair_once(tmp_path, capsys):
     assert minisign.read_secret_key(key).public_key == pk
 
 
+def test_keygen_refuses_a_comment_minisign_could_not_read_and_writes_nothing(tmp_path, capsys):
+    code, out, err = _main(capsys, "keygen", "--out", str(tmp_path / "k"), "--comment", "c" * 2000)
+    assert code == cli.EXIT_FAIL and "untrusted comment" in err and list(tmp_path.iterdir()) == []
+
+
 def test_sign_then_add_a_second_signature(tmp_path, capsys):
     first, second = _keygen(capsys, tmp_path / "a"), _keygen(capsys, tmp_path / "b")
     out = tmp_path / "rel"

@@ -42,6 +42,19 @@ def test_public_key_from_its_file_text_or_its_bare_line():
     assert pk.to_text().splitlines()[0] == f"untrusted comment: minisign public key {pk.key_id_hex}"
 
 
+@needs_minisign
+def test_the_longest_public_key_comment_we_write_is_one_minisign_reads(tmp_path, signed):
+    sk = minisign.generate()
+    pub, sig = tmp_path / "k.pub", tmp_path / "k.minisig"
+    pub.write_text(sk.public_key.to_text("c" * minisign.UNTRUSTED_COMMENT_MAX_BYTES))
+    sig.write_text(minisign.sign(DATA, sk, COMMENT, "u" * minisign.UNTRUSTED_COMMENT_MAX_BYTES))
+    _minisign("-V", "-q", "-m", str(signed), "-x", str(sig), "-p", str(pub))
+    with pytest.raises(MinisignError, match="untrusted comment"):
+        sk.public_key.to_text("c" * (minisign.UNTRUSTED_COMMENT_MAX_BYTES + 1))
+    with pytest.raises(MinisignError, match="one line"):
+        sk.public_key.to_text("a\nb")
+
+
 @pytest.mark.parametrize("text", ["", "not base64!", "untrusted comment: x\n", "RWQ=", "a\nb\nc"])
 def test_a_bad_public_key_is_refused(text):
     with pytest.raises(MinisignError):
@@ -137,7 +150,7 @@ def test_parse_signatures_raises_only_minisign_errors(text):
 def test_load_public_key_bare_or_a_pub_file(tmp_path):
     pk = minisign.generate().public_key
     (tmp_path / "keys").mkdir()
-    (tmp_path / "keys" / "ops.pub").write_text(pk.to_text())
+    (tmp_path / "keys" / "ops.pub").write_text(pk.to_text("clé de l'équipe"), encoding="utf-8")
     assert minisign.load_public_key(pk.line, tmp_path) == pk
     assert minisign.load_public_key("keys/ops.pub", tmp_path) == pk
     assert minisign.load_public_key(str(tmp_path / "keys" / "ops.pub"), Path("/nonexistent")) == pk
