@@ -239,7 +239,7 @@ def parse_secret_key(text: str, password: Optional[bytes] = None) -> SecretKey:
 
 def read_secret_key(path: Path | str, password: Optional[bytes] = None) -> SecretKey:
     try:
-        text = Path(path).read_text(encoding="ascii")
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MinisignError(f"{path}: cannot read the secret key ({getattr(exc, 'strerror', None) or exc})") from None
     try:
