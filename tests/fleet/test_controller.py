@@ -1,0 +1,285 @@
+"""`edge-inferd fleet status|rollout|abort|rollback` (daemon/fleet/controller.py) over a real
+mosquitto, against scripted nodes (tests/fleet/fake_node.py) that speak docs/fleet.md.
+
+Waits are on events (a node's state, the retained record, a process's exit) with generous limits;
+a limit only decides how long a failing test takes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from daemon.fleet import controller, fleet_status
+from daemon.fleet.controller import AbortOptions, RollbackOptions, RolloutOptions, StatusOptions
+from daemon.fleet.record import RolloutRecord
+from daemon.tools.broker import Broker, end_process
+from daemon.transport.mqtt import stop_loop
+from tests.fleet.fake_node import WAIT_S, FakeNode
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "activity"
+GOOD = "http://releases.local/activity/2/"
+BAD = "http://releases.local/activity/bad/"
+RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
+
+
+class Watcher:
+    """A plain MQTT client that keeps the latest retained document of each topic it follows."""
+
+    def __init__(self, broker: Broker, *topics: str):
+        self.cond = threading.Condition()
+        self.latest: dict[str, Optional[dict]] = {}
+        self._client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        self._client.on_message = self._on_message
+        self._client.on_connect = lambda c, *a: c.subscribe([(t, 1) for t in topics])
+        self._client.connect("127.0.0.1", broker.port)
+        self._client.loop_start()
+
+    def _on_message(self, client, userdata, msg) -> None:
+        with self.cond:
+            self.latest[msg.topic] = json.loads(msg.payload) if msg.payload else None
+            self.cond.notify_all()
+
+    def wait(self, topic: str, predicate: Callable[[dict], bool]) -> dict:
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.latest.get(topic) is not None and predicate(self.latest[topic]),
+                                      WAIT_S), f"{topic}: {self.latest.get(topic)}"
+            return self.latest[topic]
+
+    def publish(self, topic: str, doc: dict) -> None:
+        self._client.publish(topic, json.dumps(doc), qos=1, retain=True).wait_for_publish(WAIT_S)
+
+    def close(self) -> None:
+        self._client.disconnect()
+        stop_loop(self._client)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "broker") as b:
+        yield b
+
+
+@pytest.fixture
+def watcher(broker):
+    w = Watcher(broker, RECORD, "edge-inferd/fleet/desired/node/+")
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def nodes(broker):
+    started: list[FakeNode] = []
+
+    def start(*names: str, **settings) -> list[FakeNode]:
+        made = [FakeNode(broker.port, name, MODEL, **settings) for name in names]
+        started.extend(made)
+        return made
+
+    yield start
+    for node in started:
+        node.close()
+
+
+def _options(broker: Broker, release: str = GOOD, **changes) -> RolloutOptions:
+    settings = {"waves": "1,50%,100%", "wave_timeout_s": WAIT_S, **changes}
+    return RolloutOptions(broker.address, MODEL, release, 2, **settings)
+
+
+def _desired(watcher: Watcher, node: str) -> Optional[dict]:
+    with watcher.cond:
+        return watcher.latest.get(f"edge-inferd/fleet/desired/node/{node}")
+
+
+def _in_thread(options: RolloutOptions) -> tuple[threading.Thread, dict]:
+    """rollout() on a thread; the result holds its exit status and output once it ends."""
+    result: dict = {}
+
+    def run() -> None:
+        out = io.StringIO()
+        result["code"] = controller.rollout(options, out)
+        result["out"] = out.getvalue()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _subprocess(call: str, log: Path) -> subprocess.Popen:
+    """A controller verb in a process of its own (`call` uses `c`, the controller module)."""
+    code = f"import sys\nfrom daemon.fleet import controller as c\nsys.exit({call})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+
+
+def test_a_three_node_rollout_completes_wave_by_wave(broker, nodes, watcher):
+    fleet = nodes("gw1", "gw2", "gw3")
+    out = io.StringIO()
+    assert controller.rollout(_options(broker, version="1.2.0"), out) == 0, out.getvalue()
+    record = watcher.wait(RECORD, lambda r: r["state"] == "completed")
+    assert record["assigned"] == {"gw1": 0, "gw2": 1, "gw3": 2}
+    assert record["result"] == {"gw1": "active", "gw2": "active", "gw3": "active"}
+    assert record["revs"] == {"gw1": 1, "gw2": 1, "gw3": 1} and record["previous"] == {"gw1": None, "gw2": None,
+                                                                                       "gw3": None}
+    for node in fleet:
+        assert [d["models"][MODEL] for d in node.taken] == [{"url": GOOD, "serial": 2}]
+    text = out.getvalue()
+    for line in ("wave 1/3: gw1", "gw1: downloading 50%", "gw1: canary", "gw1: active serial 2", "wave 3/3 passed",
+                 "rollout of activity serial 2 completed: 3 of 3 nodes assigned; 3 active"):
+        assert line in text, text
+
+
+def test_a_bad_release_aborts_on_the_first_wave_and_restores_the_desired_entry(broker, nodes, watcher):
+    nodes("gw1", "gw2", "gw3")
+    earlier = {"url": "http://releases.local/activity/1/", "serial": 1}
+    watcher.publish("edge-inferd/fleet/desired/node/gw1", {"rev": 5, "models": {MODEL: earlier, "other": None}})
+    out = io.StringIO()
+    assert controller.rollout(_options(broker, BAD, on_abort="rollback"), out) == 1, out.getvalue()
+    record = watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert record["assigned"] == {"gw1": 0} and record["result"] == {"gw1": "failed"}
+    restored = watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 7)
+    assert restored["models"] == {MODEL: earlier, "other": None}
+    assert _desired(watcher, "gw2") is None and _desired(watcher, "gw3") is None
+    assert "gw1: failed bad_signature" in out.getvalue() and "desired entry restored to serial 1 (rev 7)" in out.getvalue()
+
+
+def test_halt_leaves_the_desired_entry_as_it_is(broker, nodes, watcher):
+    nodes("gw1", "gw2")
+    assert controller.rollout(_options(broker, BAD, on_abort="halt"), io.StringIO()) == 1
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert _desired(watcher, "gw1") == {"rev": 1, "models": {MODEL: {"url": BAD, "serial": 2}}}
+
+
+def test_a_node_that_never_answers_times_out_and_counts_as_failed(broker, nodes, watcher):
+    nodes("gw1", silent=True)
+    nodes("gw2")
+    out = io.StringIO()
+    # The timeout is what is tested: gw1 never answers, whatever the machine's speed.
+    assert controller.rollout(_options(broker, wave_timeout_s=1.0), out) == 1
+    record = watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert record["result"] == {"gw1": "timeout"} and "gw1: no answer within 1 s" in out.getvalue()
+    assert _desired(watcher, "gw1")["models"] == {} and _desired(watcher, "gw2") is None
+
+
+def test_a_killed_controller_resumes_without_assigning_twice(broker, nodes, watcher, tmp_path):
+    gw1, gw2, gw3 = nodes("gw1"), nodes("gw2", hold_at="canary"), nodes("gw3")
+    gw1, gw2, gw3 = gw1[0], gw2[0], gw3[0]
+    options = _options(broker)
+    call = (f"c.rollout(c.RolloutOptions({broker.address!r}, {MODEL!r}, {GOOD!r}, 2, waves='1,50%,100%', "
+            f"wave_timeout_s={WAIT_S}), sys.stdout)")
+    first = _subprocess(call, tmp_path / "first.log")
+    gw2.wait_state("canary")
+    watcher.wait(RECORD, lambda r: r["assigned"] == {"gw1": 0, "gw2": 1} and r["revs"].get("gw2") == 1)
+    first.kill()
+    first.wait(WAIT_S)
+    gw2.go.set()
+    out = io.StringIO()
+    assert controller.rollout(options, out) == 0, (tmp_path / "first.log").read_text() + out.getvalue()
+    assert "resuming the rollout" in out.getvalue()
+    record = watcher.wait(RECORD, lambda r: r["state"] == "completed")
+    assert record["revs"] == {"gw1": 1, "gw2": 1, "gw3": 1}
+    assert [len(node.taken) for node in (gw1, gw2, gw3)] == [1, 1, 1]  # no node assigned twice
+
+
+def test_the_rollout_survives_a_broker_restart(broker, nodes, watcher):
+    held = nodes("gw1", hold_at="canary")[0]
+    nodes("gw2")
+    thread, result = _in_thread(_options(broker))
+    held.wait_state("canary")
+    watcher.wait(RECORD, lambda r: r["revs"] == {"gw1": 1})
+    broker.stop()  # SIGTERM: mosquitto saves its retained messages (persistence is on)
+    broker.start()
+    held.go.set()
+    thread.join(WAIT_S * 2)
+    assert result.get("code") == 0, result
+    record = watcher.wait(RECORD, lambda r: r["state"] == "completed")
+    assert record["revs"] == {"gw1": 1, "gw2": 1} and record["result"] == {"gw1": "active", "gw2": "active"}
+
+
+def test_abort_from_a_second_process_is_applied_by_the_running_controller(broker, nodes, watcher, tmp_path):
+    held = nodes("gw1", hold_at="canary")[0]
+    nodes("gw2")
+    thread, result = _in_thread(_options(broker))
+    held.wait_state("canary")
+    watcher.wait(RECORD, lambda r: r["revs"] == {"gw1": 1})
+    second = _subprocess(f"c.abort(c.AbortOptions({broker.address!r}, {MODEL!r}), sys.stdout)", tmp_path / "abort.log")
+    assert second.wait(WAIT_S) == 0, (tmp_path / "abort.log").read_text()
+    thread.join(WAIT_S)
+    assert result.get("code") == 1, result
+    assert "aborting: aborted by the operator" in result["out"]
+    assert "the controller took the abort" in (tmp_path / "abort.log").read_text()
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 2)["models"] == {}
+
+
+def test_abort_with_no_controller_running_applies_on_abort_itself(broker, nodes, watcher, tmp_path):
+    held = nodes("gw1", hold_at="canary")[0]
+    nodes("gw2")
+    call = f"c.rollout(c.RolloutOptions({broker.address!r}, {MODEL!r}, {GOOD!r}, 2, waves='1,100%'), sys.stdout)"
+    first = _subprocess(call, tmp_path / "first.log")
+    held.wait_state("canary")
+    watcher.wait(RECORD, lambda r: r["revs"] == {"gw1": 1})
+    end_process(first, signal.SIGKILL)
+    out = io.StringIO()
+    assert controller.abort(AbortOptions(broker.address, MODEL, handoff_s=1.0), out) == 0, out.getvalue()
+    assert "no controller answered" in out.getvalue()
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 2)["models"] == {}
+
+
+def test_another_release_still_running_makes_a_new_rollout_refuse_unless_forced(broker, nodes, watcher):
+    nodes("gw1")
+    other = RolloutRecord(MODEL, "http://releases.local/activity/9/", 9, None, ("100%",), ("gw1",), "running",
+                          1.0, 0.5, 1, 600.0, "rollback")
+    watcher.publish(RECORD, json.loads(other.to_json()))
+    out = io.StringIO()
+    assert controller.rollout(_options(broker), out) == 2 and "serial 9" in out.getvalue()
+    assert controller.rollout(_options(broker, force=True), io.StringIO()) == 0
+
+
+def test_fleet_status_json_shows_the_nodes(broker, nodes):
+    nodes("gw1", "gw2")
+    out = io.StringIO()
+    assert controller.status(StatusOptions(broker.address, json=True), out) == 0
+    rows = json.loads(out.getvalue())
+    assert [(r["node"], r["model"], r["state"], r["serial"]) for r in rows] == [("gw1", MODEL, "active", 1),
+                                                                                ("gw2", MODEL, "active", 1)]
+    assert all(r["age_s"] is not None and r["age_s"] < WAIT_S for r in rows)
+    table = io.StringIO()
+    assert controller.status(StatusOptions(broker.address, model=MODEL), table) == 0
+    assert table.getvalue().splitlines()[0].split() == list(fleet_status.COLUMNS)
+
+
+def test_fleet_status_with_no_node_says_so(broker):
+    out = io.StringIO()
+    assert controller.status(StatusOptions(broker.address), out) == 1
+    assert "no edge-inferd node has reported" in out.getvalue()
+
+
+def test_fleet_rollback_sends_the_command_and_reports_each_node(broker, nodes):
+    fleet = nodes("gw1", "gw2")
+    assert controller.rollout(_options(broker, waves="100%"), io.StringIO()) == 0
+    out = io.StringIO()
+    assert controller.rollback(RollbackOptions(broker.address, MODEL), out) == 0, out.getvalue()
+    assert out.getvalue().splitlines() == ["gw1: rolled_back to serial 1", "gw2: rolled_back to serial 1"]
+    assert all("rolled_back" in node.states for node in fleet)
+
+
+def test_usage_problems_exit_2_before_connecting(broker):
+    out = io.StringIO()
+    assert controller.rollout(RolloutOptions(broker.address, MODEL, GOOD, 2, waves="1,50%", success=2.0,
+                                             nodes=("a",), group="g"), out) == 2
+    assert "--success" in out.getvalue() and "--nodes and --group" in out.getvalue()
+    assert controller.rollout(RolloutOptions(broker.address, MODEL, GOOD, 2), io.StringIO()) == 2  # no node
