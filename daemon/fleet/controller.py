@@ -152,6 +152,9 @@ def rollout(options: RolloutOptions, out: TextIO) -> int:
         if isinstance(record, int):
             return record
         return Rollout(link, record, out).run()
+    except OSError as exc:  # the broker took no message for minutes (link.PUBLISH_TRIES)
+        say(out, f"error: {exc}; the record stays as it was: run the same command again to resume")
+        return EXIT_NOT_DONE
     finally:
         link.stop()
 
@@ -254,9 +257,10 @@ def rollback(options: RollbackOptions, out: TextIO) -> int:
             before = {node: link.reports.get(node, 0) for node in nodes}
         for node in nodes:
             link.publish(cmd_topic(node), orjson.dumps({"cmd": "rollback", "model": options.model}), retain=False)
-        link.wait(lambda: all(_rollback_answer(link, node, before[node], options.model) for node in nodes),
-                  options.timeout_s)
-        answers = {node: _rollback_answer(link, node, before[node], options.model) for node in nodes}
+        with link.cond:
+            link.cond.wait_for(lambda: all(_rollback_answer(link, node, before[node], options.model)
+                                           for node in nodes), options.timeout_s)
+            answers = {node: _rollback_answer(link, node, before[node], options.model) for node in nodes}
     finally:
         link.stop()
     for node in nodes:
@@ -265,7 +269,7 @@ def rollback(options: RollbackOptions, out: TextIO) -> int:
 
 
 def _rollback_answer(link: ControllerLink, node: str, before: int, model: str) -> Optional[str]:
-    """What a reported document sent after the command says (None: nothing yet)."""
+    """What a reported document sent after the command says (None: nothing yet); under `link.cond`."""
     if link.reports.get(node, 0) <= before:
         return None
     doc = link.reported.get(node) or {}

@@ -162,6 +162,18 @@ def test_halt_leaves_the_desired_entry_as_it_is(broker, nodes, watcher):
     assert _desired(watcher, "gw1") == {"rev": 1, "models": {MODEL: {"url": BAD, "serial": 2}}}
 
 
+def test_rollback_sends_a_node_that_went_active_back(broker, nodes, watcher):
+    first = nodes("gw1")[0]
+    nodes("gw2", silent=True)
+    out = io.StringIO()
+    # gw1 passes wave 1; gw2 never answers (a 1 s wave timeout), which reaches --abort-at 0.5.
+    assert controller.rollout(_options(broker, waves="1,100%", wave_timeout_s=1.0), out) == 1, out.getvalue()
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted" and r["result"] == {"gw1": "active", "gw2": "timeout"})
+    assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 2)["models"] == {}
+    first.wait_state("rolled_back")  # no earlier entry to restore: the rollback command sent it back
+    assert "gw1: had no earlier desired entry and runs serial 2: sent rollback" in out.getvalue()
+
+
 def test_a_node_that_never_answers_times_out_and_counts_as_failed(broker, nodes, watcher):
     nodes("gw1", silent=True)
     nodes("gw2")
@@ -283,3 +295,32 @@ def test_usage_problems_exit_2_before_connecting(broker):
                                              nodes=("a",), group="g"), out) == 2
     assert "--success" in out.getvalue() and "--nodes and --group" in out.getvalue()
     assert controller.rollout(RolloutOptions(broker.address, MODEL, GOOD, 2), io.StringIO()) == 2  # no node
+
+
+def test_group_picks_the_nodes_that_report_it(broker, nodes, watcher):
+    nodes("gw1", "gw3", groups=("hall-a",))
+    nodes("gw2", groups=("hall-b",))
+    assert controller.rollout(_options(broker, waves="100%", group="hall-a"), io.StringIO()) == 0
+    record = watcher.wait(RECORD, lambda r: r["state"] == "completed")
+    assert record["nodes"] == ["gw1", "gw3"] and _desired(watcher, "gw2") is None
+
+
+def test_the_table_reads_download_gate_canary_error_and_age():
+    now = 1_700_000_000.0
+    reported = {
+        "gw1": {"time": now - 12, "models": {MODEL: {"state": "downloading", "version": "1.1.0", "serial": 1,
+                                                     "progress": {"bytes": 450, "total": 1000}}}},
+        "gw2": {"models": {MODEL: {
+            "state": "canary", "version": "1.2.0", "serial": 2,
+            "gate": {"passed": True, "routes": {"a": {"metric": "accuracy", "value": 0.975}}},
+            "canary": {"answers": 812, "elapsed_s": 60.0, "psi": 0.012, "latency_ratio": 1.04}}}},
+        "gw3": {"models": {MODEL: {"state": "failed", "serial": 1, "error": {"code": "gate", "message": "worse"}},
+                           "other": {"state": "active", "serial": 7}}},
+    }
+    table_rows = fleet_status.rows(reported, MODEL, now)
+    assert [r["node"] for r in table_rows] == ["gw1", "gw2", "gw3"]  # --model: other's row left out
+    lines = fleet_status.render(table_rows).splitlines()
+    assert lines[1].split() == ["gw1", MODEL, "1.1.0", "1", "downloading", "45%", "-", "-", "-", "12s"]
+    assert "pass accuracy 0.975" in lines[2] and "812/min psi 0.012 lat x1.04" in lines[2] and lines[2].endswith("-")
+    assert lines[3].split()[-2:] == ["gate", "-"]
+    assert len(fleet_status.rows(reported, None, now)) == 4
