@@ -2,7 +2,9 @@
 controller killed mid-rollout starts again from, and what `fleet abort` changes.
 
 The fields are the Protocol's; `previous` is an addition: each assigned node's desired entry for
-the model before the rollout changed it (null: it had none), which `on_abort: rollback` restores.
+the model before the rollout changed it, which `on_abort: rollback` restores: null when the node's
+document had no entry (the key is removed again), EXPLICIT_NULL when the entry was `null` (no
+opinion, which takes a group's entry away: restored as `null`, not removed).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ HALT = "halt"
 ON_ABORT = (ROLLBACK, HALT)
 # What a node's wave ended in (`result`): its reported state, or no answer within the wave timeout.
 TIMEOUT = "timeout"
+EXPLICIT_NULL = {"null": True}
 
 
 def topic(model: str) -> str:

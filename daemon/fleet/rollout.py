@@ -17,7 +17,8 @@ import orjson
 
 from daemon.fleet import reported_view
 from daemon.fleet.link import ControllerLink, cmd_topic, desired_topic
-from daemon.fleet.record import ABORTED, ABORTING, COMPLETED, ROLLBACK, TIMEOUT, RolloutRecord, topic
+from daemon.fleet.record import (ABORTED, ABORTING, COMPLETED, EXPLICIT_NULL, ROLLBACK, TIMEOUT, RolloutRecord,
+                                 topic)
 from daemon.fleet.waves import plan
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ class Rollout:
             self._save(revs={**rec.revs, node: rev})
         else:
             rev = _rev(doc) + 1
-            self._save(assigned={**rec.assigned, node: rec.wave}, previous={**rec.previous, node: models.get(model)},
+            previous = EXPLICIT_NULL if model in models and models[model] is None else models.get(model)
+            self._save(assigned={**rec.assigned, node: rec.wave}, previous={**rec.previous, node: previous},
                        revs={**rec.revs, node: rev})
         self.link.publish(desired_topic(node), orjson.dumps({**doc, "rev": rev, "models": {**models, model: rec.entry()}}),
                           retain=True)
@@ -187,7 +189,7 @@ def apply_on_abort(link: ControllerLink, record: RolloutRecord, out: TextIO) -> 
 def _restore(link: ControllerLink, record: RolloutRecord, node: str, out: TextIO) -> RolloutRecord:
     """The node's previous desired entry for the model (or none) back, with the next rev. A node that
     went active without a previous entry would stay where it is ("a model absent from every document
-    stays where it is"), so it also gets the `rollback` command."""
+    stays where it is"; `null` likewise, with no group entry), so it also gets the `rollback` command."""
     with link.cond:
         doc = dict(link.desired.get(node) or {})
         entry = reported_view.model_entry(link.reported.get(node), record.model)
@@ -196,14 +198,15 @@ def _restore(link: ControllerLink, record: RolloutRecord, node: str, out: TextIO
     if previous is None:
         models.pop(record.model, None)
     else:
-        models[record.model] = previous
+        models[record.model] = None if previous == EXPLICIT_NULL else previous
     rev = max(_rev(doc), record.revs.get(node, 0)) + 1
     record = record.change(revs={**record.revs, node: rev})
     publish_record(link, record)
     link.publish(desired_topic(node), orjson.dumps({**doc, "rev": rev, "models": models}), retain=True)
-    say(out, f"{node}: desired entry " + (f"restored to serial {previous.get('serial')}" if previous else "removed")
-        + f" (rev {rev})")
-    if previous is None and reported_view.verdict(entry, record.serial) == reported_view.ACTIVE:
+    said = ("removed" if previous is None else "restored to null" if previous == EXPLICIT_NULL
+            else f"restored to serial {previous.get('serial')}")
+    say(out, f"{node}: desired entry {said} (rev {rev})")
+    if models.get(record.model) is None and reported_view.verdict(entry, record.serial) == reported_view.ACTIVE:
         link.publish(cmd_topic(node), orjson.dumps({"cmd": "rollback", "model": record.model}), retain=False)
         say(out, f"{node}: had no earlier desired entry and runs serial {record.serial}: sent rollback")
     return record

@@ -110,7 +110,10 @@ class FakeNode:
         with self.cond:
             self.taken.append(doc)
         entry = (doc.get("models") or {}).get(self.model)
-        if self.silent or not isinstance(entry, dict) or entry.get("serial") == self._entry["serial"]:
+        if self.silent:
+            return
+        if not isinstance(entry, dict) or entry.get("serial") == self._entry["serial"]:
+            self._publish()  # nothing to do, but the reported `rev` says the document was taken
             return
         previous = self._entry["previous"]
         if previous and entry.get("serial") == previous["serial"]:

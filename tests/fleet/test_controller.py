@@ -155,6 +155,14 @@ def test_a_bad_release_aborts_on_the_first_wave_and_restores_the_desired_entry(b
     assert "gw1: failed bad_signature" in out.getvalue() and "desired entry restored to serial 1 (rev 7)" in out.getvalue()
 
 
+def test_an_explicit_null_entry_is_restored_as_null_not_removed(broker, nodes, watcher):
+    nodes("gw1", groups=("hall-a",))
+    watcher.publish("edge-inferd/fleet/desired/node/gw1", {"rev": 3, "models": {MODEL: None}})
+    assert controller.rollout(_options(broker, BAD, waves="100%"), io.StringIO()) == 1
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 5)["models"] == {MODEL: None}
+
+
 def test_halt_leaves_the_desired_entry_as_it_is(broker, nodes, watcher):
     nodes("gw1", "gw2")
     assert controller.rollout(_options(broker, BAD, on_abort="halt"), io.StringIO()) == 1
@@ -272,6 +280,40 @@ def test_fleet_status_json_shows_the_nodes(broker, nodes):
     table = io.StringIO()
     assert controller.status(StatusOptions(broker.address, model=MODEL), table) == 0
     assert table.getvalue().splitlines()[0].split() == list(fleet_status.COLUMNS)
+
+
+class Screen(io.StringIO):
+    """An output stream a test can wait on."""
+
+    def __init__(self):
+        super().__init__()
+        self.cond = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.cond:
+            n = super().write(text)
+            self.cond.notify_all()
+            return n
+
+    def wait_for(self, text: str) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: text in self.getvalue(), WAIT_S), self.getvalue()
+
+
+def test_fleet_status_watch_redraws_when_a_document_changes(broker, nodes):
+    nodes("gw1")
+    screen, stop = Screen(), threading.Event()
+    thread = threading.Thread(target=controller.status, args=(StatusOptions(broker.address, watch_s=WAIT_S), screen,
+                                                               stop), daemon=True)
+    thread.start()
+    screen.wait_for("gw1")
+    nodes("gw2")  # its first reported document redraws the table long before WAIT_S
+    screen.wait_for("gw2")
+    assert screen.getvalue().count("fleet status --watch") >= 2 and screen.getvalue().startswith("-" * 80)
+    stop.set()
+    nodes("gw3")  # a change wakes the loop, which sees `stop`
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
 
 
 def test_fleet_status_with_no_node_says_so(broker):
