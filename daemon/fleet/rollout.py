@@ -76,9 +76,9 @@ class Rollout:
                 return self._wave_verdict(wave)
             left = deadline - self._clock()
             if left <= 0:
-                for node in pending:
-                    self._settle(node, TIMEOUT, f"{node}: no answer within {self.record.wave_timeout_s:g} s")
-                continue  # judged again: the timeouts may reach the abort threshold
+                reasons = [self._settle(node, TIMEOUT, f"{node}: no answer within {self.record.wave_timeout_s:g} s")
+                           for node in pending]
+                return next((reason for reason in reasons if reason), None) or self._wave_verdict(wave)
             self.link.wait(lambda: len(self.link.report_log) != seen or self.link.abort_requested
                            or self.link.superseded is not None, left)
             with self.link.cond:

@@ -193,6 +193,15 @@ def test_a_node_that_never_answers_times_out_and_counts_as_failed(broker, nodes,
     assert _desired(watcher, "gw1")["models"] == {} and _desired(watcher, "gw2") is None
 
 
+def test_timeouts_count_towards_abort_at_even_when_the_wave_would_pass(broker, nodes, watcher):
+    nodes("gw1")
+    nodes("gw2", "gw3", silent=True)
+    out = io.StringIO()
+    # --success 0.3: gw1 alone would pass the wave; the first timeout judged (1 of 2 >= 0.5) aborts it.
+    assert controller.rollout(_options(broker, waves="100%", success=0.3, wave_timeout_s=1.0), out) == 1
+    assert "aborting: 1 of 2 nodes failed (abort at 0.5)" in out.getvalue(), out.getvalue()
+
+
 def test_a_killed_controller_resumes_without_assigning_twice(broker, nodes, watcher, tmp_path):
     gw1, gw2, gw3 = nodes("gw1"), nodes("gw2", hold_at="canary"), nodes("gw3")
     gw1, gw2, gw3 = gw1[0], gw2[0], gw3[0]
