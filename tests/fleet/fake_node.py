@@ -11,6 +11,7 @@ for its model, by the release URL and its own settings:
 - a release it keeps (its previous one): straight back to it, `active`, no download or gate;
 - a URL with `bad` in it: `downloading`, then `failed` with error `bad_signature` (and `rejected`);
 - `silent=True`: never answers (a node the wave timeout must catch);
+- `fails_gate=True`: `downloading` ... `gating`, then `failed` with error `gate` (worse on its data);
 - else `downloading` (50%, 100%) → `verifying` → `gating` → `canary` → `active`.
 `hold_at=STATE` stops after publishing that state until `go` is set, so a test can act (kill the
 controller, restart the broker) at a known point. Commands on `edge-inferd/<name>/fleet/cmd`:
@@ -42,8 +43,9 @@ def version_of(serial: int) -> str:
 
 class FakeNode:
     def __init__(self, port: int, name: str, model: str = "activity", serial: int = 1,
-                 groups: tuple[str, ...] = (), silent: bool = False, hold_at: Optional[str] = None):
-        self.name, self.model, self.silent, self.hold_at = name, model, silent, hold_at
+                 groups: tuple[str, ...] = (), silent: bool = False, hold_at: Optional[str] = None,
+                 fails_gate: bool = False):
+        self.name, self.model, self.silent, self.hold_at, self.fails_gate = name, model, silent, hold_at, fails_gate
         self.groups = list(groups)
         self.go = threading.Event()
         self.cond = threading.Condition()
@@ -130,6 +132,11 @@ class FakeNode:
         self._step(progress={"bytes": total, "total": total})
         self._step(state="verifying")
         self._step(state="gating")
+        if self.fails_gate:
+            self._refuse(entry, {"code": "gate", "message": "accuracy 0.51 < current 0.97 - 0.02"},
+                         gate={"passed": False, "routes": {self.model: {"metric": "accuracy", "value": 0.51,
+                                                                        "current": 0.97}}, "cpu_s": 0.4})
+            return
         gate = {"passed": True, "routes": {self.model: {"metric": "accuracy", "value": 0.975, "current": 0.97}},
                 "cpu_s": 0.41}
         self._step(state="canary", gate=gate, canary={"answers": 300, "min_answers": 200, "elapsed_s": 30.0,
@@ -141,10 +148,12 @@ class FakeNode:
 
     def _fail(self, entry: dict) -> None:
         self._step(state="downloading", target=_target(entry), progress={"bytes": 0, "total": 21408})
-        error = {"code": "bad_signature", "message": "manifest.json.minisig does not verify manifest.json"}
+        self._refuse(entry, {"code": "bad_signature", "message": "manifest.json.minisig does not verify manifest.json"})
+
+    def _refuse(self, entry: dict, error: dict, **changes) -> None:
         rejected = [*self._entry["rejected"], {"serial": entry["serial"], "version": version_of(entry["serial"]),
-                                               "code": "bad_signature", "message": error["message"]}]
-        self._step(state="failed", error=error, rejected=rejected, progress=None)
+                                               **error}]
+        self._step(state="failed", error=error, rejected=rejected, progress=None, **changes)
 
     def _switch(self, to: dict, state: str, **changes) -> None:
         old = {k: self._entry[k] for k in ("version", "serial", "sha256")}
