@@ -106,8 +106,8 @@ class Rollout:
             previous = EXPLICIT_NULL if model in models and models[model] is None else models.get(model)
             self._save(assigned={**rec.assigned, node: rec.wave}, previous={**rec.previous, node: previous},
                        revs={**rec.revs, node: rev})
-        self.link.publish(desired_topic(node), orjson.dumps({**doc, "rev": rev, "models": {**models, model: rec.entry()}}),
-                          retain=True)
+        wanted = {**doc, "rev": rev, "models": {**models, model: rec.entry()}}
+        self.link.publish(desired_topic(node), orjson.dumps(wanted), retain=True)
         say(self.out, f"{node}: assigned {rec.release} (serial {rec.serial}, rev {rev})")
 
     def _judge(self, wave: tuple[str, ...], news: list[tuple[str, Optional[dict]]]) -> Optional[str]:
@@ -146,6 +146,7 @@ class Rollout:
         return f"{active} of {len(wave)} nodes of the wave active, below --success {self.record.success:g}"
 
     def abort(self, reason: str) -> int:
+        logger.info("rollout of %s serial %s aborting: %s", self.record.model, self.record.serial, reason)
         say(self.out, f"aborting: {reason}")
         if self.link.superseded is not None:
             self._summary("left to the newer rollout")  # its record is the retained one now: leave it
