@@ -15,55 +15,22 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon.fleet import controller, fleet_status
 from daemon.fleet.controller import AbortOptions, RollbackOptions, RolloutOptions, StatusOptions
 from daemon.fleet.record import RolloutRecord
-from daemon.tools.broker import Broker, end_process
-from daemon.transport.mqtt import stop_loop
+from daemon.tools.broker import Broker, end_process, free_port
 from tests.fleet.fake_node import WAIT_S, FakeNode
+from tests.fleet.watching import Screen, Watcher
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "activity"
 GOOD = "http://releases.local/activity/2/"
 BAD = "http://releases.local/activity/bad/"
 RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
-
-
-class Watcher:
-    """A plain MQTT client that keeps the latest retained document of each topic it follows."""
-
-    def __init__(self, broker: Broker, *topics: str):
-        self.cond = threading.Condition()
-        self.latest: dict[str, Optional[dict]] = {}
-        self._client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
-        self._client.on_message = self._on_message
-        self._client.on_connect = lambda c, *a: c.subscribe([(t, 1) for t in topics])
-        self._client.connect("127.0.0.1", broker.port)
-        self._client.loop_start()
-
-    def _on_message(self, client, userdata, msg) -> None:
-        with self.cond:
-            self.latest[msg.topic] = json.loads(msg.payload) if msg.payload else None
-            self.cond.notify_all()
-
-    def wait(self, topic: str, predicate: Callable[[dict], bool]) -> dict:
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.latest.get(topic) is not None and predicate(self.latest[topic]),
-                                      WAIT_S), f"{topic}: {self.latest.get(topic)}"
-            return self.latest[topic]
-
-    def publish(self, topic: str, doc: dict) -> None:
-        self._client.publish(topic, json.dumps(doc), qos=1, retain=True).wait_for_publish(WAIT_S)
-
-    def close(self) -> None:
-        self._client.disconnect()
-        stop_loop(self._client)
 
 
 @pytest.fixture
@@ -293,24 +260,6 @@ def test_fleet_status_json_shows_the_nodes(broker, nodes):
     assert table.getvalue().splitlines()[0].split() == list(fleet_status.COLUMNS)
 
 
-class Screen(io.StringIO):
-    """An output stream a test can wait on."""
-
-    def __init__(self):
-        super().__init__()
-        self.cond = threading.Condition()
-
-    def write(self, text: str) -> int:
-        with self.cond:
-            n = super().write(text)
-            self.cond.notify_all()
-            return n
-
-    def wait_for(self, text: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: text in self.getvalue(), WAIT_S), self.getvalue()
-
-
 def test_fleet_status_watch_redraws_when_a_document_changes(broker, nodes):
     nodes("gw1")
     screen, stop = Screen(), threading.Event()
@@ -377,3 +326,27 @@ def test_the_table_reads_download_gate_canary_error_and_age():
     assert "pass accuracy 0.975" in lines[2] and "812/min psi 0.012 lat x1.04" in lines[2] and lines[2].endswith("-")
     assert lines[3].split()[-2:] == ["gate", "-"]
     assert len(fleet_status.rows(reported, None, now)) == 4
+
+
+def test_the_argparse_helper_registers_the_verbs_and_runs_the_one_parsed(broker, nodes):
+    import argparse
+
+    nodes("gw1")
+    parser = argparse.ArgumentParser(prog="edge-inferd")
+    fleet = parser.add_subparsers(dest="command").add_parser("fleet").add_subparsers(dest="fleet_command")
+    controller.add_fleet_controller_args(fleet)
+    out = io.StringIO()
+    args = parser.parse_args(["fleet", "status", "--broker", broker.address, "--json", "--model", MODEL])
+    assert controller.run_from_args(args, out) == 0 and json.loads(out.getvalue())[0]["node"] == "gw1"
+    args = parser.parse_args(["fleet", "rollout", "--broker", broker.address, "--model", MODEL, "--release", GOOD,
+                              "--serial", "2", "--waves", "100%", "--nodes", "gw1", "--on-abort", "halt"])
+    assert controller.run_from_args(args, io.StringIO()) == 0
+    for verb in ("abort", "rollback"):
+        assert parser.parse_args(["fleet", verb, "--model", MODEL]).fleet_verb is not None
+
+
+def test_an_unreachable_broker_exits_1_and_a_bad_address_2():
+    out = io.StringIO()
+    closed = free_port()  # nothing listens there
+    assert controller.status(StatusOptions(f"127.0.0.1:{closed}"), out) == 1 and "cannot reach" in out.getvalue()
+    assert controller.abort(AbortOptions("mqtt://a/b", MODEL), io.StringIO()) == 2
