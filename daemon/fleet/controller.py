@@ -117,6 +117,9 @@ def _connect(broker: str, model: Optional[str], out: TextIO) -> "ControllerLink 
 
 def status(options: StatusOptions, out: TextIO, stop: Optional[threading.Event] = None) -> int:
     """`fleet status`: print the table (or JSON) once, or redraw it until Ctrl-C or `stop`."""
+    if options.watch_s is not None and options.watch_s <= 0:
+        say(out, "error: --watch: SECONDS must be above 0")
+        return EXIT_USAGE
     link = _connect(options.broker, None, out)
     if isinstance(link, int):
         return link

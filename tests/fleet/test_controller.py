@@ -350,3 +350,4 @@ def test_an_unreachable_broker_exits_1_and_a_bad_address_2():
     closed = free_port()  # nothing listens there
     assert controller.status(StatusOptions(f"127.0.0.1:{closed}"), out) == 1 and "cannot reach" in out.getvalue()
     assert controller.abort(AbortOptions("mqtt://a/b", MODEL), io.StringIO()) == 2
+    assert controller.status(StatusOptions(f"127.0.0.1:{closed}", watch_s=0), io.StringIO()) == 2
