@@ -19,7 +19,7 @@ from typing import Optional, TextIO
 import orjson
 
 from daemon.fleet import fleet_status, reported_view
-from daemon.fleet.link import ControllerLink, cmd_topic
+from daemon.fleet.controller_link import ControllerLink, cmd_topic
 from daemon.fleet.record import ABORTED, ABORTING, COMPLETED, LIVE, ON_ABORT, ROLLBACK, RolloutRecord
 from daemon.fleet.rollout import Rollout, apply_on_abort, publish_record, say
 from daemon.fleet.waves import WaveError, parse_waves, plan
@@ -155,7 +155,7 @@ def rollout(options: RolloutOptions, out: TextIO) -> int:
         if isinstance(record, int):
             return record
         return Rollout(link, record, out).run()
-    except OSError as exc:  # the broker took no message for minutes (link.PUBLISH_TRIES)
+    except OSError as exc:  # the broker took no message for minutes (controller_link.PUBLISH_TRIES)
         say(out, f"error: {exc}; the record stays as it was: run the same command again to resume")
         return EXIT_NOT_DONE
     finally:

@@ -14,7 +14,7 @@ import time
 from typing import Callable, Optional, TextIO
 
 from daemon.fleet import reported_view
-from daemon.fleet.link import ControllerLink
+from daemon.fleet.controller_link import ControllerLink
 
 CLEAR = "\033[H\033[2J"
 RULE_WIDTH = 80

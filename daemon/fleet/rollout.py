@@ -16,7 +16,7 @@ from typing import Callable, Optional, TextIO
 import orjson
 
 from daemon.fleet import reported_view
-from daemon.fleet.link import ControllerLink, cmd_topic, desired_topic
+from daemon.fleet.controller_link import ControllerLink, cmd_topic, desired_topic
 from daemon.fleet.record import (ABORTED, ABORTING, COMPLETED, EXPLICIT_NULL, ROLLBACK, TIMEOUT, RolloutRecord,
                                  topic)
 from daemon.fleet.waves import plan
