@@ -212,11 +212,14 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 def _add_fleet(sub: argparse._SubParsersAction) -> None:
     """`fleet VERB`: one _add_fleet_<verb> per verb (cli.py dispatches on `fleet_command`)."""
     fleet = _command(sub, "fleet", "signed model releases for a fleet of nodes (docs/fleet.md)", (
-        "Fleet delivery: make a signing key, sign a release directory for an HTTP(S) server, and (to come)\n"
-        "roll it out over the broker."))
+        "Fleet delivery: make a signing key, sign a release directory for an HTTP(S) server, roll it out\n"
+        "over the broker in waves, watch every node's state, abort, roll back."))
     verbs = fleet.add_subparsers(dest="fleet_command", required=True, metavar="VERB", help="one of:")
     _add_fleet_keygen(verbs)
     _add_fleet_sign(verbs)
+    from daemon.fleet.controller import add_fleet_controller_args  # the operator's verbs, with their options
+
+    add_fleet_controller_args(verbs)
 
 
 def _add_fleet_keygen(verbs: argparse._SubParsersAction) -> None:

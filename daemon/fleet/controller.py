@@ -333,12 +333,12 @@ def _add_rollout(sub: argparse._SubParsersAction) -> None:
         "record, retained on edge-inferd/fleet/rollout/<model>, lets the same command resume after a\n"
         "kill. Exits 0 completed, 1 aborted, 2 a usage problem."),
         "edge-inferd fleet rollout --model activity --release http://releases.local/activity/4/ --serial 4")
-    p.add_argument("--model", required=True, metavar="M")
+    p.add_argument("--model", required=True, metavar="M", help="the model's name in the nodes' configs (models.<name>)")
     p.add_argument("--release", required=True, metavar="URL", help="the release directory")
     p.add_argument("--serial", required=True, type=int, metavar="N", help="the release's serial (its manifest's)")
     p.add_argument("--version", metavar="V", help="the release's version, for the record and people")
     p.add_argument("--waves", default=DEFAULT_WAVES, metavar="SPECS",
-                   help=f"cumulative targets: counts, shares (rounded up) or node names (default {DEFAULT_WAVES})")
+                   help=f"cumulative targets: counts, shares (rounded up) or node names (default {DEFAULT_WAVES.replace('%', '%%')})")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--nodes", type=_nodes, default=(), metavar="A,B,C", help="these nodes, in this order")
     which.add_argument("--group", metavar="G", help="the nodes that report this group")
@@ -360,7 +360,7 @@ def _add_abort(sub: argparse._SubParsersAction) -> None:
         "Set the rollout record to aborting: the running controller applies its on_abort and writes\n"
         f"aborted. When none answers within {ABORT_HANDOFF_S:g} s, this command applies on_abort itself."),
         "edge-inferd fleet abort --model activity")
-    p.add_argument("--model", required=True, metavar="M")
+    p.add_argument("--model", required=True, metavar="M", help="the model's name in the nodes' configs (models.<name>)")
     p.set_defaults(fleet_verb=lambda a, out: abort(AbortOptions(a.broker, a.model), out))
 
 
@@ -369,7 +369,7 @@ def _add_rollback(sub: argparse._SubParsersAction) -> None:
         "Send {\"cmd\": \"rollback\", \"model\": M} to each node's edge-inferd/<node>/fleet/cmd and wait for\n"
         "each to report rolled_back. Exits 1 when a node refused or did not answer."),
         "edge-inferd fleet rollback --model activity --nodes gw1,gw2")
-    p.add_argument("--model", required=True, metavar="M")
+    p.add_argument("--model", required=True, metavar="M", help="the model's name in the nodes' configs (models.<name>)")
     p.add_argument("--nodes", type=_nodes, default=(), metavar="A,B,C",
                    help="these nodes (default: every node that reports the model)")
     p.add_argument("--timeout", type=float, default=ROLLBACK_TIMEOUT_S, metavar="S",
