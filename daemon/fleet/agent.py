@@ -30,7 +30,7 @@ from daemon.fleet.install import Installer
 from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
 from daemon.fleet.refusal import CANARY as CANARY_CODE, LOAD, Refused
 from daemon.fleet.store import ModelStore
-from daemon.obs.model_watch import ModelWatch
+from daemon.obs.model_watch import ModelWatch, ReleaseWindow
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import SHA_PREFIX  # replies carry this much of the digest: the watch's key
 
@@ -59,11 +59,11 @@ class Host(Protocol):
 
 
 class _Canary:
-    """A canary under way: since when, which release replaced which, the internal count before it."""
+    """A canary under way: since when, the new release's sha256, the previous release's answers
+    just before the swap, the internal count before it."""
 
-    def __init__(self, started: float, new_sha: str, previous_sha: str, internal_before: int):
-        self.started, self.new_sha, self.previous_sha, self.internal_before = (started, new_sha, previous_sha,
-                                                                              internal_before)
+    def __init__(self, started: float, new_sha: str, previous: ReleaseWindow, internal_before: int):
+        self.started, self.new_sha, self.previous, self.internal_before = started, new_sha, previous, internal_before
 
 
 class Agent:
@@ -234,16 +234,19 @@ class Agent:
     def _activate(self, name: str, serial: int) -> None:
         """The journaled swap, the service's hot swap, then the canary."""
         store, record = self.stores[name], self.records[name]
-        previous_sha = self._host.model_sha256(name)
+        watch = self._host.watch
+        previous = watch.window(self._host.model_sha256(name)[:SHA_PREFIX])  # before the swap: the same sha may come back
+        record.staged, record.canary_serial, record.restarts = None, serial, 0
+        store.write_state({**record.as_state(), "state": CANARY})  # a kill from here on resumes the canary at start
         store.activate(serial)
         problem = self._host.apply(f"fleet: model {name} serial {serial}")
         if problem is not None:
             store.revert()
+            record.canary_serial = None
             raise Refused(LOAD, f"the swap failed and the previous release serves on: {problem}")
-        record.staged, record.canary_serial, record.restarts = None, serial, 0
         new_sha = self._host.model_sha256(name)
-        self._host.watch.forget(new_sha[:SHA_PREFIX])
-        self._canaries[name] = _Canary(self._clock(), new_sha, previous_sha, self._host.internal_errors(self._routes(name)))
+        watch.forget(new_sha[:SHA_PREFIX])
+        self._canaries[name] = _Canary(self._clock(), new_sha, previous, self._host.internal_errors(self._routes(name)))
         logger.info("fleet: %s serial %d swapped in (sha256 %s); canary for %g s and %d answers", name, serial,
                     new_sha[:12], self._fleet.canary.duration_s, self._fleet.canary.min_answers)
         self._set(name, CANARY, progress=None, error=None)
@@ -257,15 +260,15 @@ class Agent:
         for name, record in self.records.items():
             if record.state == CANARY and record.canary_serial == self.stores[name].current():
                 sha = self._host.model_sha256(name)
-                self._canaries[name] = _Canary(self._clock(), sha, "", self._host.internal_errors(self._routes(name)))
-            elif record.state == CANARY:
-                record.state = ACTIVE
+                self._canaries[name] = _Canary(self._clock(), sha, ReleaseWindow((), (), 0),
+                                               self._host.internal_errors(self._routes(name)))
+            elif record.state == CANARY:  # the swap never happened (or boot undid it): reconcile decides
+                record.state, record.canary_serial = IDLE, None
 
     def _watch_canaries(self) -> None:
         for name, run in list(self._canaries.items()):
             watch = self._host.watch
-            verdict = canary.judge(self._fleet.canary, watch.window(run.new_sha[:SHA_PREFIX]),
-                                   watch.window(run.previous_sha[:SHA_PREFIX]),
+            verdict = canary.judge(self._fleet.canary, watch.window(run.new_sha[:SHA_PREFIX]), run.previous,
                                    self._host.internal_errors(self._routes(name)) - run.internal_before,
                                    self._clock() - run.started, self._routes(name))
             self.records[name].canary = {**verdict.figures, "restarts": self.records[name].restarts}

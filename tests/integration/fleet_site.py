@@ -1,0 +1,137 @@
+"""A site for fleet tests: a signing key, a release server (Python's http.server on a free port, which
+ignores Range, as a plain on-site server might), releases made by `fleet sign`'s own code, and a
+node config with the activity model managed. Real parts throughout: the daemon, mosquitto, HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from daemon.config.reader import absolute_paths
+from daemon.fleet import minisign
+from daemon.fleet.publish import make_release
+from daemon.fleet.release import Claim
+from tests.integration.conftest import ROOT, Client
+
+ACTIVITY = ROOT / "models/activity"
+# A second build of the activity model (a float32 interface, the same task): a release with another sha256.
+ACTIVITY_FLOAT_IO = ROOT / "tests/fixtures/activity_float_io"
+GUNPOINT = ROOT / "models/gunpoint"
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's name)
+        self.server.requests.append(self.path)
+
+
+class ReleaseServer:
+    """http.server over `root` in a thread; `requests` lists every path asked for."""
+
+    def __init__(self, root: Path):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, directory=str(root)))
+        self.httpd.requests = []
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def requests(self) -> list[str]:
+        return self.httpd.requests
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_port}/{path}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Site:
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.key = minisign.generate()
+        self.server = ReleaseServer(tmp_path / "site")
+
+    def release(self, serial: int, version: str, model_dir: Path = ACTIVITY, labels: Optional[list[str]] = None,
+                key: Optional[minisign.SecretKey] = None, claims=(), summary: str = "", name: str = "activity") -> str:
+        """A signed release of `model_dir`'s model (and its labels, or `labels` instead) at
+        site/<name>/<serial>/; returns its URL."""
+        out = self.server.root / name / str(serial)
+        labels_path = model_dir / "labels.txt"
+        if labels is not None:
+            labels_path = self.tmp / f"labels-{serial}" / "labels.txt"
+            labels_path.parent.mkdir(parents=True, exist_ok=True)
+            labels_path.write_text("\n".join(labels) + "\n")
+        make_release(out, name, version, serial, model_dir / "model.tflite", labels_path, key or self.key,
+                     tuple(claims), summary)
+        return self.server.url(f"{name}/{serial}/")
+
+    def release_dir(self, serial: int, name: str = "activity") -> Path:
+        return self.server.root / name / str(serial)
+
+    def config(self, directory: Path, client_id: str = "gw1", validate: bool = True, **fleet) -> Path:
+        """A node serving only the activity route (managed), its fleet section overridden by `fleet`."""
+        raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
+        route = next(r for r in raw["routes"] if r["name"] == "activity")
+        route["subscribe"] = f"sensors/{client_id}/+/imu"
+        route["publish"] = f"results/{client_id}/{{1}}/activity"
+        if validate:
+            route["validate"] = {"data": str(ACTIVITY / "test.npz")}
+        else:
+            route.pop("validate", None)
+        raw["routes"] = [route]
+        raw["models"] = {"activity": {**raw["models"]["activity"], "managed": True}}
+        raw["mqtt"] = {**raw["mqtt"], "client_id": client_id}
+        raw["cache"] = {"enabled": False}
+        raw["stats_interval_s"] = 1
+        raw["fleet"] = {"enabled": True, "trusted_keys": [self.key.public_key.line], "store_dir": str(directory / "store"),
+                        "fetch": {"attempts": 2, "backoff_s": 0.05, "stall_s": 5},
+                        "canary": {"duration_s": 1, "min_answers": 30}, **fleet}
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "config.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return path
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def desire(client: Client, node: str, rev: int, url: Optional[str], serial: Optional[int]) -> None:
+    models = {"activity": None if url is None else {"url": url, "serial": serial}}
+    client.c.publish(f"edge-inferd/fleet/desired/node/{node}", json.dumps({"rev": rev, "models": models}),
+                     qos=1, retain=True).wait_for_publish(30)
+
+
+def reported(client: Client, node: str, predicate) -> dict:
+    """The first reported document of `node` whose activity entry satisfies `predicate`."""
+    topic = f"edge-inferd/{node}/fleet/reported"
+    if topic not in client.topics:
+        client.subscribe(topic)
+    return client.wait_json_until(topic, lambda doc: predicate(doc["models"]["activity"]))
+
+
+def permuted(labels_file: Path) -> list[str]:
+    labels = [line.strip() for line in labels_file.read_text().splitlines() if line.strip()]
+    return labels[1:] + labels[:1]
+
+
+def claim_on(data: Path, metric: str, value: float) -> Claim:
+    from daemon.model.runtime import file_sha256
+
+    return Claim(file_sha256(data), metric, value)
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("model.tflite", "labels.txt"):
+        shutil.copy(src / name, dst / name)
+    return dst
