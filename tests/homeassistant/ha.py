@@ -118,6 +118,22 @@ class HomeAssistant:
             assert response.status == _OK
             return {state["entity_id"]: state for state in json.loads(response.read())}
 
+    def _authorized(self, path: str, body: dict) -> bytes:
+        request = urllib.request.Request(f"{self.base}{path}", data=json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            assert response.status == _OK
+            return response.read()
+
+    def call_service(self, domain: str, service: str, data: dict) -> list:
+        """`POST /api/services/<domain>/<service>`: the states it changed (HA answers 400 on a refusal)."""
+        return json.loads(self._authorized(f"/api/services/{domain}/{service}", data))
+
+    def render(self, template: str) -> str:
+        """A template rendered by HA (`POST /api/template`): what the states API does not show (devices)."""
+        return self._authorized("/api/template", {"template": template}).decode()
+
     def wait_for(self, what: str, predicate: Callable[[dict], bool], timeout_s: float = 60.0) -> dict:
         """The states once `predicate(states)` holds; the last states and HA's log in the failure."""
         deadline = time.monotonic() + timeout_s
