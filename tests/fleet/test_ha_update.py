@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,3 +111,82 @@ def test_payloads_pass_home_assistants_own_schema_and_state_keys():
     for entry in (_entry("staged"), _entry("failed", error={"code": "gate", "message": "m"}), {"state": "idle"}):
         got = ha_update.state(entry, LATEST)
         assert set(got) <= known and all(isinstance(value, str) for value in got.values())
+
+
+# A real Home Assistant: the wait limits only decide how long a failing test takes.
+ENTITY = f"update.edge_inferd_{NODE}_fleet_activity"
+HA_VERSION = "0.1.0"
+PUBLISH_WAIT_S = 30.0
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "broker") as b:
+        yield b
+
+
+@pytest.fixture
+def home_assistant(tmp_path, broker):
+    instance = ha.HomeAssistant(tmp_path / "ha", broker.port, PREFIX)
+    try:
+        yield instance.start()
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def node(broker):
+    """A client that publishes as the node does and reads the node's command topic."""
+    client = Client(broker)
+    client.subscribe(MQTT.fleet_cmd_topic)
+    yield client
+    client.close()
+
+
+def _retain(client: Client, topic: str, payload) -> None:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    client.c.publish(topic, body, qos=1, retain=True).wait_for_publish(PUBLISH_WAIT_S)
+
+
+def _attribute(key: str, value):
+    return lambda states: states.get(ENTITY, {}).get("attributes", {}).get(key) == value
+
+
+@needs_ha
+def test_home_assistant_shows_the_staged_release_and_its_install_reaches_the_node(node, home_assistant):
+    _retain(node, MQTT.status_topic, ha_discovery.ONLINE.encode())
+    sensor_topic, sensor = ha_discovery.node_configs(MQTT, PREFIX, HA_VERSION)[0]
+    _retain(node, sensor_topic, sensor)
+    _retain(node, *ha_update.discovery(NODE, "activity", PREFIX, MQTT, HA_VERSION))
+    # Retained, so HA reads it whenever it subscribes to the topic its discovery just named.
+    _retain(node, ha_update.state_topic(MQTT, "activity"), ha_update.state(_entry("staged", staged=4), LATEST))
+    entity = home_assistant.wait_for("the staged release", _attribute("latest_version", "1.3.0"))[ENTITY]
+    assert entity["state"] == "on"
+    assert {k: entity["attributes"][k] for k in ("installed_version", "title", "friendly_name", "release_url")} == {
+        "installed_version": "1.2.0", "title": "activity", "friendly_name": "gw.1 activity model",
+        "release_url": URL + "manifest.json"}
+    assert entity["attributes"]["release_summary"].endswith(LATEST["summary"])
+    assert entity["attributes"]["in_progress"] is False  # HA's own: 2024.3 reads none from MQTT
+    same_device = "{{ device_id('%s') == device_id('sensor.%s') }}" % (ENTITY, sensor["object_id"])
+    assert home_assistant.render(same_device) == "True"
+
+    home_assistant.call_service("update", "install", {"entity_id": ENTITY})
+    command = node.wait_count(MQTT.fleet_cmd_topic, 1)[0]
+    assert command.payload.decode() == ha_update.install_payload("activity") and not command.retain
+    assert json.loads(command.payload) == {"cmd": "install", "model": "activity"}
+
+    # The node swapped it in: the canary runs the new version, so there is no update left to install.
+    _retain(node, ha_update.state_topic(MQTT, "activity"), ha_update.state(_entry("canary", version="1.3.0"), LATEST))
+    entity = home_assistant.wait_for("the installed release", _attribute("installed_version", "1.3.0"))[ENTITY]
+    assert entity["state"] == "off" and entity["attributes"]["release_summary"].startswith("Canary: watching 1.3.0")
+    with pytest.raises(urllib.error.HTTPError):  # HA itself refuses: "No update available"
+        home_assistant.call_service("update", "install", {"entity_id": ENTITY})
+
+    _retain(node, MQTT.status_topic, ha_discovery.OFFLINE.encode())
+    home_assistant.wait_for("unavailable with the node offline",
+                            lambda states: states.get(ENTITY, {}).get("state") == "unavailable")
+    _retain(node, ha_update.removal(NODE, "activity", PREFIX), b"")
+    home_assistant.wait_for("the entity removed", lambda s: ENTITY not in s)
+    problems = [line for line in home_assistant.log().splitlines()
+                if ("ERROR" in line or "WARNING" in line) and "mqtt" in line]
+    assert problems == [], problems
