@@ -10,13 +10,14 @@ HA's `update` has no default payload_install, and the command activates a staged
 
 Checked against HA 2024.3.3's `homeassistant/components/mqtt/update.py`: its JSON state takes
 `installed_version`, `latest_version`, `title`, `release_summary`, `release_url` and
-`entity_picture`, nothing else. `in_progress` and `update_percentage` came with HA 2024.11, so
+`entity_picture`, nothing else (`title` goes in the config: the model's name, which the reported
+entry does not carry). `in_progress` and `update_percentage` came with HA 2024.11, so
 they are left out: what a node is doing (downloading, gating, canary) goes in front of the
 release summary instead. HA shows "update available" when `latest_version` is newer than
 `installed_version` (AwesomeVersion), or when the two cannot be compared, and its
 `update.install` refuses while they are equal; versions are strings.
 
-The node agent's part, per managed model (docs/homeassistant.md, "Fleet"):
+The node agent's part, per managed model (docs/homeassistant.md, "Fleet: one update entity"):
 - on connect, and whenever the set of managed models changes: `discovery(...)` retained;
 - with every reported document it publishes: `state(entry, latest)` retained on
   `state_topic(mqtt, model)`, where `entry` is the model's entry of that document and `latest`
@@ -33,10 +34,13 @@ from typing import Optional
 
 from daemon import __version__
 from daemon.config.mqtt import MqttConfig
+from daemon.fleet.records import CANARY, DOWNLOADING, FAILED, GATING, ROLLED_BACK, STAGED, VERIFYING
 from daemon.obs import ha_discovery
 
 UPDATE = "update"
-INSTALL = "install"  # daemon/fleet/commands_node.py's command that activates a staged release
+# daemon/fleet/commands_node.py's command that activates a staged release (not imported from there:
+# it imports the agent, which will import this module).
+INSTALL = "install"
 # HA keeps at most this much of a release summary (UpdateEntity.state_attributes truncates it).
 SUMMARY_MAX = 255
 _ELLIPSIS = "…"
@@ -47,15 +51,15 @@ _SHA_VERSION = "sha256:{}"
 _NO_VERSION = "unknown"
 _MANIFEST = "manifest.json"
 _UNREAD = "the release"  # the target before its manifest is read
-# The reported states (daemon/fleet/records.py) in which the target is not on offer: it was refused.
-_REFUSED_STATES = ("failed", "rolled_back")
+# The reported states in which the target is not on offer: it was refused.
+_REFUSED_STATES = (FAILED, ROLLED_BACK)
 # What the node is doing, shown before the summary (HA 2024.3 has no in_progress in the JSON state).
 _DOING = {
-    "downloading": "Downloading {version}{percent}.",
-    "verifying": "Verifying {version}.",
-    "gating": "Gating {version} on this node's data.",
-    "staged": "{version} passed the gate: Install activates it.",
-    "canary": "Canary: watching {version} on live traffic.",
+    DOWNLOADING: "Downloading {version}{percent}.",
+    VERIFYING: "Verifying {version}.",
+    GATING: "Gating {version} on this node's data.",
+    STAGED: "{version} passed the gate: Install activates it.",
+    CANARY: "Canary: watching {version} on live traffic.",
 }
 _PERCENT = 100
 
@@ -137,7 +141,7 @@ def _doing(entry: dict, version: str) -> str:
 def _refusal(entry: dict, version: str) -> str:
     error = entry.get("error") or {}
     what = f"{version} refused" if version else "Refused"
-    if entry.get("state") == "rolled_back":
+    if entry.get("state") == ROLLED_BACK:
         what = f"Rolled back from {version}" if version else "Rolled back"
     return f"{what} ({error.get('code', '?')}): {error.get('message', '')}".rstrip(": ")
 
