@@ -25,11 +25,12 @@ from typing import Callable, Optional, Protocol, Sequence
 from daemon.config.fleet import MANUAL, release_files
 from daemon.config.mqtt import fleet_group_topic
 from daemon.config.schema import Config
-from daemon.fleet import canary, commands_node, desired
+from daemon.fleet import canary, commands_node, desired, ha_update
 from daemon.fleet.install import Installer
 from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
 from daemon.fleet.refusal import CANARY as CANARY_CODE, LOAD, Refused
 from daemon.fleet.store import ModelStore
+from daemon.obs import ha_discovery
 from daemon.obs.model_watch import ModelWatch, ReleaseWindow
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import SHA_PREFIX  # replies carry this much of the digest: the watch's key
@@ -91,6 +92,7 @@ class Agent:
         self._last_report = b""
         self._progress_at = 0.0
         self.last_cmd: Optional[dict] = None
+        self._ha = config.homeassistant if config.homeassistant.discovery else None
         self._resume_canaries()
 
     @property
@@ -125,6 +127,8 @@ class Agent:
     # --- the agent's thread ---
 
     def _run(self) -> None:
+        if self._ha is not None:
+            self._announce_ha()
         self._publish_report()
         while True:
             try:
@@ -336,3 +340,21 @@ class Agent:
             return
         self._last_report = body
         self._host.publish(self._reported_topic, codecs.encode(report), True)
+        if self._ha is not None:
+            self._publish_ha(report)
+
+    def _announce_ha(self) -> None:
+        """Home Assistant's update entity per managed model (retained, once: the broker keeps it)."""
+        config = self._host.config()
+        node = ha_discovery.node_id(config.mqtt)
+        for name in self.stores:
+            topic, payload = ha_update.discovery(node, name, config.homeassistant.prefix, config.mqtt)
+            self._host.publish(topic, codecs.encode(payload), True)
+
+    def _publish_ha(self, report: dict) -> None:
+        mqtt = self._host.config().mqtt
+        for name, entry in report["models"].items():
+            record = self.records[name]
+            version = (record.target or {}).get("version")
+            latest = {"version": version, "summary": record.summary} if version else None
+            self._host.publish(ha_update.state_topic(mqtt, name), codecs.encode(ha_update.state(entry, latest)), True)
