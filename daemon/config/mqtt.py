@@ -184,6 +184,12 @@ class MqttConfig:
         return replace(self, broker=broker, tls=None if self.tls_implied else self.tls)
 
 
+def wants_retained(topic: str) -> bool:
+    """Whether the retained messages of a topic (or filter) are taken: the fleet's desired documents
+    are retained on purpose; anything else retained is not a request (transport/mqtt.py)."""
+    return topic.startswith(FLEET_TOPICS)
+
+
 def fleet_group_topic(group: str) -> str:
     """A group's retained desired document (docs/fleet.md)."""
     return f"{FLEET_TOPICS}desired/group/{group}"

@@ -35,7 +35,8 @@ that shape this module:
   request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip.
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
-  retained delivery, or an empty retained clear) is acked and dropped.
+  retained delivery, or an empty retained clear) is acked and dropped; but for the fleet's
+  desired documents (`edge-inferd/fleet/...`), which are retained on purpose and sent on subscribe.
 - Intake gets the requests of one read burst (all that one `loop_read` pass decoded,
   at most MAX_BURST or MAX_BURST_BYTES) in one call, in order, at the burst's end
   (`on_read_burst_end`, paho_client.py): one hand-off per burst, not per message.
@@ -56,7 +57,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from daemon.config.mqtt import MqttConfig
+from daemon.config.mqtt import MqttConfig, wants_retained
 from daemon.transport.ack_order import AckOrder
 from daemon.transport.broker_grants import NO_RECEIVE_LIMIT, GrantLog, Grants
 from daemon.transport.inbound import Inbound
@@ -202,9 +203,9 @@ class MqttLink(LinkCommon):
         if self._filters:
             qos = self._config.qos
             if self._config.is_v5:
-                options = SubscribeOptions(qos=qos, retainAsPublished=True,
-                                           retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-                self._client.subscribe([(f, options) for f in self._filters])
+                self._client.subscribe([(f, SubscribeOptions(
+                    qos=qos, retainAsPublished=True, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE
+                    if wants_retained(f) else SubscribeOptions.RETAIN_DO_NOT_SEND)) for f in self._filters])
             else:
                 self._client.subscribe([(f, qos) for f in self._filters])
         else:
@@ -245,7 +246,7 @@ class MqttLink(LinkCommon):
                 return  # stopping: leave it unacked (see close_intake)
             inbound = self._convert(msg)
             self._acks.arrived(inbound)  # PUBACKs go out in this order (ack_order.py)
-            if msg.retain:  # a retained message, or a retained clear: not a request (module doc)
+            if msg.retain and not wants_retained(msg.topic):  # not a request (module doc)
                 self._acks.ack(inbound)
                 return
             self._burst.append(inbound)

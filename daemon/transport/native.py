@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import mqtt5
 
-from daemon.config.mqtt import MqttConfig
+from daemon.config.mqtt import MqttConfig, wants_retained
 from daemon.obs.throttled_log import ThrottledLog
 from daemon.transport import native_wire as wire
 from daemon.transport.ack_order import AckOrder
@@ -315,7 +315,8 @@ class NativeLink(LinkCommon):
             self._announce_online()
             return
         filters = [mqtt5.TopicFilter(f, max_qos=self._qos, retain_as_published=True,
-                                     retain_handling=mqtt5.RetainHandling.SEND_NEVER) for f in self._filters]
+                                     retain_handling=mqtt5.RetainHandling.SEND_ALWAYS if wants_retained(f)
+                                     else mqtt5.RetainHandling.SEND_NEVER) for f in self._filters]
         with self._lock:
             self._sub_mid = self._window.new_id()
             self._write(mqtt5.SubscribePacket(self._sub_mid, filters).write())
@@ -331,7 +332,7 @@ class NativeLink(LinkCommon):
                     continue  # stopping: leave it unacked (see close_intake)
                 inbound = self._convert(packet)
                 self._acks.arrived(inbound)  # PUBACKs go out in this order (ack_order.py)
-                if packet.retain:  # a retained message, or a retained clear: not a request
+                if packet.retain and not wants_retained(packet.topic):  # not a request (a fleet document is)
                     self._acks.ack(inbound)
                     continue
                 inbounds.append(inbound)
