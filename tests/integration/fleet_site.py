@@ -116,7 +116,11 @@ def reported(client: Client, node: str, predicate) -> dict:
     topic = f"edge-inferd/{node}/fleet/reported"
     if topic not in client.topics:
         client.subscribe(topic)
-    return client.wait_json_until(topic, lambda doc: predicate(doc["models"]["activity"]))
+    try:
+        return client.wait_json_until(topic, lambda doc: predicate(doc["models"]["activity"]))
+    except AssertionError:
+        last = client.on(topic)[-1:]
+        raise AssertionError(f"no reported document as wanted; the last: {last[0].payload.decode() if last else None}")
 
 
 def permuted(labels_file: Path) -> list[str]:

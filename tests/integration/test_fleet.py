@@ -104,3 +104,141 @@ def _faulty_releases(site: Site) -> list[tuple[str, int, str, int]]:
     claim = claim_on(ACTIVITY / "test.npz", "accuracy", 0.5)
     out.append(("claim", 19, site.release(19, "1.1.9", claims=[claim]), 19))
     return out
+
+
+def install(client: Client, rev: int, url: str, serial: int, traffic: int = 40) -> dict:
+    """Desire `serial`, feed its canary, and the reported entry once it is active."""
+    desire(client, NODE, rev, url, serial)
+    reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == serial)
+    answered_by(client, activity_payloads(traffic))
+    return reported(client, NODE, lambda m: m["state"] == "active" and m["serial"] == serial)["models"]["activity"]
+
+
+def test_a_release_that_answers_differently_on_live_traffic_is_rolled_back(site, start_daemon, client, tmp_path):
+    # No validate data: the gate cannot see the permuted labels, the canary must.
+    config = site.config(tmp_path / "gw1", validate=False, canary={"duration_s": 60, "min_answers": 400})
+    start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    good = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    desire(client, NODE, 1, good, 2)
+    reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 2)
+    answered_by(client, activity_payloads(400))
+    reported(client, NODE, lambda m: m["state"] == "active" and m["serial"] == 2)
+    answered_by(client, activity_payloads(250))  # the previous release's window, before the swap
+    bad = site.release(3, "1.2.0", ACTIVITY_FLOAT_IO, labels=permuted(ACTIVITY / "labels.txt"))
+    desire(client, NODE, 2, bad, 3)
+    reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 3)
+    before = len(client.on(RESULTS))
+    answered_by(client, activity_payloads(250))
+    entry = reported(client, NODE, lambda m: m["state"] == "rolled_back")["models"]["activity"]
+    assert entry["serial"] == 2 and entry["error"]["code"] == "canary" and "PSI" in entry["error"]["message"]
+    assert entry["rejected"][-1]["serial"] == 3
+    labels = {json.loads(m.payload)["label"] for m in client.on(RESULTS)[before:]}
+    after = answered_by(client, activity_payloads(20))
+    assert len(after) == 1 and labels  # serving again, on serial 2
+    assert (tmp_path / "gw1/store/activity/current").resolve().name == "2"
+
+
+def test_a_replayed_retained_document_changes_nothing_and_rollback_needs_no_download(site, start_daemon, client,
+                                                                                    tmp_path):
+    config = site.config(tmp_path / "gw1")
+    node = start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    install(client, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
+    install(client, 2, site.release(3, "1.2.0"), 3)
+    asked = len(site.server.requests)
+    node.stop()
+    client.messages.clear()
+    start_daemon(config, wait_online=client, client_id=NODE)  # the broker replays the retained rev 2
+    doc = reported(client, NODE, lambda m: m["state"] == "active")
+    assert doc["models"]["activity"]["serial"] == 3 and doc["rev"] == {"node": 2}
+    assert len(site.server.requests) == asked, site.server.requests[asked:]
+    sha3 = answered_by(client, activity_payloads(10))
+    client.c.publish(f"edge-inferd/{NODE}/fleet/cmd", json.dumps({"cmd": "rollback", "model": "activity"}), qos=1)
+    entry = reported(client, NODE, lambda m: m["state"] == "rolled_back")["models"]["activity"]
+    assert entry["serial"] == 2 and entry["error"]["code"] == "operator"
+    assert answered_by(client, activity_payloads(10)) != sha3
+    assert len(site.server.requests) == asked  # a kept release: nothing fetched
+
+
+@pytest.mark.parametrize("step", ["mid_admit", "after_journal", "after_current"])
+def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, client, tmp_path, step):
+    from daemon.fleet.store import KILL_ENV
+    from tests.integration.conftest import Daemon
+
+    config = site.config(tmp_path / "gw1")
+    client.subscribe(f"edge-inferd/{NODE}/status")
+    doomed = Daemon(config, client.broker.address, tmp_path / "doomed.log", env={KILL_ENV: step})
+    client.wait_payload(f"edge-inferd/{NODE}/status", b"online")
+    desire(client, NODE, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
+    assert doomed.proc.wait(60) == -signal.SIGKILL, doomed.log()[-2000:]
+    doomed.stop()
+    client.messages.clear()
+    start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    reported(client, NODE, lambda m: m["state"] in ("canary", "active") and m["serial"] == 2)
+    answered_by(client, activity_payloads(40))
+    entry = reported(client, NODE, lambda m: m["state"] == "active")["models"]["activity"]
+    assert entry["serial"] == 2 and entry["rejected"] == []
+    store = tmp_path / "gw1/store/activity"
+    assert not (store / "journal.json").exists() and (store / "current").resolve().name == "2"
+
+
+def test_a_release_the_daemon_keeps_restarting_on_is_reverted_at_start(site, start_daemon, client, tmp_path):
+    config = site.config(tmp_path / "gw1", canary={"duration_s": 3600, "min_answers": 10, "max_restarts": 1})
+    node = start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    install_kept = site.config(tmp_path / "gw1", canary={"duration_s": 0, "min_answers": 10, "max_restarts": 1})
+    del install_kept  # the same file: the first release's canary ends on answers (written back below)
+    config.write_text(config.read_text().replace("duration_s: 3600", "duration_s: 0"))
+    node.stop()
+    node = start_daemon(config, wait_online=client, client_id=NODE)
+    install(client, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
+    node.stop()
+    config.write_text(config.read_text().replace("duration_s: 0", "duration_s: 3600"))
+    node = start_daemon(config, wait_online=client, client_id=NODE)
+    desire(client, NODE, 2, site.release(3, "1.2.0"), 3)
+    reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 3)
+    for _ in range(2):  # two crashes during the canary: one more than max_restarts
+        node.stop(signal.SIGKILL)
+        client.messages.clear()
+        node = start_daemon(config, wait_online=client, client_id=NODE)
+    entry = reported(client, NODE, lambda m: m["state"] == "rolled_back")["models"]["activity"]
+    assert entry["serial"] == 2 and entry["error"]["code"] == "canary" and "started 2 times" in entry["error"]["message"]
+
+
+def test_manual_activation_waits_staged_for_install(site, start_daemon, client, tmp_path):
+    config = site.config(tmp_path / "gw1", activation="manual")
+    start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    serving = answered_by(client, activity_payloads(5))
+    desire(client, NODE, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
+    entry = reported(client, NODE, lambda m: m["state"] == "staged")["models"]["activity"]
+    assert entry["staged"] == 2 and entry["serial"] is None and entry["gate"]["passed"]
+    assert answered_by(client, activity_payloads(5)) == serving
+    client.c.publish(f"edge-inferd/{NODE}/fleet/cmd", json.dumps({"cmd": "install", "model": "activity"}), qos=1)
+    reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 2)
+    assert answered_by(client, activity_payloads(40)) != serving
+    doc = reported(client, NODE, lambda m: m["state"] == "active")
+    assert doc["last_cmd"]["ok"] and doc["last_cmd"]["cmd"] == "install"
+
+
+def test_too_few_signatures_and_a_downgrade_are_refused(site, start_daemon, client, tmp_path):
+    from daemon.fleet.publish import add_signature
+
+    second = minisign.generate()
+    config = site.config(tmp_path / "gw1", threshold=2,
+                         trusted_keys=[site.key.public_key.line, second.public_key.line])
+    start_daemon(config, wait_online=client, client_id=NODE)
+    client.subscribe(RESULTS)
+    desire(client, NODE, 1, site.release(5, "1.5.0"), 5)
+    entry = reported(client, NODE, lambda m: m["state"] == "failed")["models"]["activity"]
+    assert entry["error"]["code"] == "too_few_signatures"
+    add_signature(site.release_dir(5), second)
+    client.c.publish(f"edge-inferd/{NODE}/fleet/cmd", json.dumps({"cmd": "retry", "model": "activity"}), qos=1)
+    install(client, 2, site.server.url("activity/5/"), 5)
+    url = site.release(4, "1.4.0", ACTIVITY_FLOAT_IO)
+    add_signature(site.release_dir(4), second)
+    desire(client, NODE, 3, url, 4)
+    entry = reported(client, NODE, lambda m: m["state"] == "failed" and m["error"]["code"] == "downgrade")
+    assert entry["models"]["activity"]["serial"] == 5
