@@ -38,6 +38,7 @@ MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
 # 4xx answers a later attempt may get past (a timeout on the server's side, a rate limit).
 RETRIED_4XX = (408, 429)
+RANGE_NOT_SATISFIABLE = 416
 _PORTS = {"http": 80, "https": 443}
 
 
@@ -187,6 +188,7 @@ def _check_cancel(url: str, cancel: Optional[threading.Event], done: Optional[in
 def _open(url: str, policy: FetchPolicy, headers: Mapping[str, str]):
     """(connection, response) of a GET of `url`, redirects followed; the body then reads with
     `stall_s` as the socket's timeout."""
+    origin = urlsplit(url).netloc
     for _ in range(MAX_REDIRECTS + 1):
         conn = _connection(url, policy)
         try:
@@ -194,8 +196,11 @@ def _open(url: str, policy: FetchPolicy, headers: Mapping[str, str]):
             # getresponse() drops conn.sock on a `Connection: close` answer; the response reads on.
             sock = conn.sock
             split = urlsplit(url)
+            # The policy's headers (a bearer token) go to the configured server only, not to
+            # wherever it redirects.
+            extra = policy.headers if split.netloc == origin else {}
             conn.request("GET", (split.path or "/") + (f"?{split.query}" if split.query else ""),
-                         headers={**policy.headers, **headers})
+                         headers={**extra, **headers})
             resp = conn.getresponse()
         except BaseException:
             conn.close()
@@ -242,6 +247,11 @@ def _attempt(url: str, part: Part, policy: FetchPolicy, reporter: "_Progress",
         return  # every byte is there already (a restart after the last write)
     conn, resp = _open(url, policy, part.range_headers())
     try:
+        if resp.status == RANGE_NOT_SATISFIABLE and part.done:
+            # The file shrank under an unchanged validator (Last-Modified is to the second).
+            have = part.done
+            part.discard()
+            raise _Transient(f"HTTP {resp.status} for bytes={have}-: starting again from zero")
         expected = _start_body(url, part, resp, policy)
         _stream(url, part, resp, expected, reporter, cancel)
     finally:
@@ -257,8 +267,8 @@ def _start_body(url: str, part: Part, resp: http.client.HTTPResponse, policy: Fe
     start, total = _content_range(resp.getheader("Content-Range", "")) if resp.status == 206 else (0, length)
     if total is not None:
         _check_total(url, total, part.size, policy)
-    if resp.status == 200:
-        part.restart(validator)
+    if resp.status == 200 or start == 0:
+        part.restart(validator)  # the file from its first byte, whatever the part held
     elif start != part.done or (validator is not None and validator != part.validator):
         part.restart(validator)
         raise _Transient(f"the server answered the range from byte {start} of {validator}, not byte "

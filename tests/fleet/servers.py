@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from daemon.tools.broker import BrokerProcess
 
 LOOPBACK = "127.0.0.1"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+OPENSSL = shutil.which("openssl")
 WAIT_S = 10.0
 _POLL_S = 0.02
 _RECV_BYTES = 64 << 10
@@ -29,7 +31,9 @@ _BACKLOG = 16
 BUSY_PATH = "/busy.bin"
 # nginx's access log, one request a line (tab-separated; `escape=none` keeps the quotes of an
 # ETag, and logs an absent header as empty): what the tests read the Range traffic from.
-LOG_FIELDS = ("method", "uri", "status", "bytes", "range", "if_range")
+LOG_FIELDS = ("method", "uri", "status", "bytes", "range", "if_range", "authorization")
+_LOG_FORMAT = "\t".join(("$request_method", "$uri", "$status", "$body_bytes_sent", "$http_range", "$http_if_range",
+                         "$http_authorization"))
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = WAIT_S):
@@ -91,8 +95,7 @@ class Nginx(BrokerProcess):
         return (f"daemon off;\nworker_processes 1;\npid {w}/nginx.pid;\nerror_log {w}/error.log info;\n{user}"
                 "events { worker_connections 64; }\n"
                 "http {\n"
-                "  log_format fetch escape=none "
-                "'$request_method\t$uri\t$status\t$body_bytes_sent\t$http_range\t$http_if_range';\n"
+                f"  log_format fetch escape=none '{_LOG_FORMAT}';\n"
                 f"  access_log {w}/access.log fetch;\n{temps}"
                 "  server {\n"
                 f"    listen {listen};\n    root {self.root};\n{tls}"
@@ -233,6 +236,22 @@ class ScriptedServer(_Listener):
         conn.sendall(self._response)
         if self._hold:
             self.stopped.wait()
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate for localhost signed by it: (ca.pem, server.pem, server.key),
+    made with the openssl command line."""
+    ca_key, ca, key, csr, cert = (directory / n for n in ("ca.key", "ca.pem", "server.key", "server.csr",
+                                                           "server.pem"))
+    ext = directory / "server.ext"
+    ext.write_text("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for command in (["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=test CA"],
+                    ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+                    ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+                     "-days", "2", "-extfile", ext]):
+        subprocess.run([OPENSSL, *map(str, command)], check=True, capture_output=True)
+    return ca, cert, key
 
 
 def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:

@@ -18,7 +18,8 @@ import pytest
 from daemon.fleet.fetch import FetchPolicy, fetch_file, fetch_small
 from daemon.fleet.part import META_SUFFIX, PART_SUFFIX
 from daemon.fleet.refusal import DOWNLOAD, NO_SPACE, OPERATOR, SHA256_MISMATCH, SIZE_MISMATCH, TOO_LARGE, Refused
-from tests.fleet.servers import BUSY_PATH, NGINX, CuttingProxy, HttpServer, Nginx, ScriptedServer
+from tests.fleet.servers import (BUSY_PATH, NGINX, OPENSSL, CuttingProxy, HttpServer, Nginx, ScriptedServer,
+                                 make_certificates)
 
 SIZE = 1 << 20
 CUT = 300_000  # bytes (headers included) the proxy lets through before it cuts: mid-file
@@ -178,6 +179,16 @@ def test_a_server_that_ignores_range_restarts_the_part_from_zero(tmp_path, site,
     assert dest.read_bytes() == data
     assert seen[0] < have  # counted from zero again: the 200 replaced the part
     assert len(lines) == 2 and all('" 200 ' in line for line in lines)
+
+
+def test_a_part_of_another_file_is_not_resumed(nginx, site, incoming):
+    data, digest = publish(site, "model.tflite")
+    (incoming / f"model.tflite{PART_SUFFIX}").write_bytes(b"x" * 1000)
+    (incoming / f"model.tflite{META_SUFFIX}").write_text(json.dumps(
+        {"of": {"size": SIZE, "sha256": "1" * 64}, "validator": '"old"', "url": nginx.url("model.tflite")}))
+    fetch_file(nginx.url("model.tflite"), incoming / "model.tflite", SIZE, digest, policy())
+    assert (incoming / "model.tflite").read_bytes() == data
+    assert [r["range"] for r in nginx.wait_requests(1)] == [""]
 
 
 def test_a_file_already_in_place_is_not_fetched_again(nginx, site, incoming):
@@ -361,3 +372,38 @@ def test_fetch_small_404_is_final(nginx):
         fetch_small(nginx.url("manifest.json"), 2000, policy(attempts=4))
     assert (refused.value.code, refused.value.final) == (DOWNLOAD, True)
     assert len(nginx.wait_requests(1)) == 1
+
+
+# --- HTTPS, headers -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_nginx(tmp_path, site):
+    """nginx with a certificate from a private CA; yields (server, the CA's file)."""
+    if NGINX is None or OPENSSL is None:
+        pytest.skip("nginx and openssl are needed (apt-get install nginx-light openssl)")
+    work = tmp_path / "tls-nginx"
+    work.mkdir()
+    ca, cert, key = make_certificates(work)
+    with Nginx(work, site, ssl_files=(cert, key)) as server:
+        yield server, ca
+
+
+def test_https_with_a_private_ca_and_extra_headers(tls_nginx, site, incoming):
+    server, ca = tls_nginx
+    data, digest = publish(site, "model.tflite")
+    fetch_file(server.url("model.tflite"), incoming / "model.tflite", SIZE, digest,
+               policy(ca_file=ca, headers={"Authorization": "Bearer s3cret"}))
+    assert (incoming / "model.tflite").read_bytes() == data
+    [request] = server.wait_requests(1)
+    assert request["authorization"] == "Bearer s3cret"
+
+
+def test_https_without_the_ca_is_final_at_once(tls_nginx, site, incoming):
+    server, _ = tls_nginx
+    _, digest = publish(site, "model.tflite")
+    with pytest.raises(Refused) as refused:
+        fetch_file(server.url("model.tflite"), incoming / "model.tflite", SIZE, digest, policy(attempts=5))
+    assert (refused.value.code, refused.value.final) == (DOWNLOAD, True)
+    assert "certificate" in refused.value.message
+    assert leftovers(incoming) == []
