@@ -78,15 +78,14 @@ class Part:
         """Empty the part: what comes next is the file from its first byte."""
         self.close()
         self.done, self.validator, self._hasher = 0, validator, hashlib.sha256()
-        self._guard(lambda: self._write_meta(validator))
+        # In this order a kill at any point leaves no meta, or a meta beside an empty part: never
+        # the new validator beside the old bytes (their resume would append the new file to them).
+        self._guard(lambda: self.meta_path.unlink(missing_ok=True))
         fd = self._guard(lambda: os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _PART_MODE))
         self._file = os.fdopen(fd, "wb")
-
-    def _write_meta(self, validator: Optional[str]) -> None:
-        if validator is None:
-            self.meta_path.unlink(missing_ok=True)  # nothing to resume against: a restart starts over
-        else:
-            write_json(self.meta_path, {"of": self._of, "validator": validator, "url": self._url})
+        self._guard(lambda: os.fsync(fd))  # the emptying is on disk before a meta names the part
+        if validator is not None:  # else nothing to resume against: a restart starts over
+            self._guard(lambda: write_json(self.meta_path, {"of": self._of, "validator": validator, "url": self._url}))
 
     def write(self, chunk: bytes) -> None:
         if self._file is None:

@@ -291,6 +291,47 @@ def test_a_server_that_stalls_fails_each_attempt_within_stall_s(incoming):
     assert attempts * stall_s <= elapsed < attempts * stall_s + 3.0
 
 
+def test_a_server_that_never_answers_fails_within_timeout_s(incoming):
+    timeout_s = 0.3
+    with ScriptedServer(b"", hold=True) as server:
+        started = time.monotonic()
+        with pytest.raises(Refused) as refused:
+            fetch_file(server.url("model.tflite"), incoming / "model.tflite", 1000, "0" * 64,
+                       policy(timeout_s=timeout_s, attempts=1))
+        elapsed = time.monotonic() - started
+    assert (refused.value.code, refused.value.final) == (DOWNLOAD, False)
+    assert "timed out" in refused.value.message
+    assert timeout_s <= elapsed < timeout_s + 3.0
+    assert leftovers(incoming) == []
+
+
+def test_the_wait_between_attempts_is_capped_by_max_backoff_s(nginx, incoming):
+    started = time.monotonic()
+    with pytest.raises(Refused):
+        fetch_file(nginx.url(BUSY_PATH.lstrip("/")), incoming / "busy.bin", 1000, "0" * 64,
+                   policy(attempts=3, backoff_s=60.0, max_backoff_s=0.05))
+    assert time.monotonic() - started < 3.0
+
+
+def test_cancel_during_the_wait_between_attempts_ends_it_at_once(nginx, incoming):
+    cancel, outcome = threading.Event(), []
+
+    def fetch() -> None:
+        try:
+            fetch_file(nginx.url(BUSY_PATH.lstrip("/")), incoming / "busy.bin", 1000, "0" * 64,
+                       policy(attempts=3, backoff_s=60.0, max_backoff_s=60.0), cancel=cancel)
+        except Refused as refused:
+            outcome.append(refused.code)
+
+    worker = threading.Thread(target=fetch)
+    worker.start()
+    nginx.wait_requests(1)  # the first attempt failed: it waits up to a minute now
+    cancel.set()
+    worker.join(5.0)
+    assert not worker.is_alive() and outcome == [OPERATOR]
+    assert len(nginx.requests()) < 3  # (a jittered wait may, rarely, be short enough for a second try)
+
+
 def test_cancel_stops_at_the_next_chunk_and_keeps_the_part_for_later(nginx, site, incoming):
     data, digest = publish(site, "model.tflite")
     cancel = threading.Event()
