@@ -8,7 +8,9 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ SMALL_DISK = "1m"
 BIG = 2 << 20  # more than SMALL_DISK holds
 CHUNK = 64 << 10
 SEED = 20260412
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def policy(**changes) -> FetchPolicy:
@@ -126,6 +129,31 @@ def test_a_part_left_by_an_earlier_run_is_resumed_with_range_and_if_range(nginx,
     assert resumed["range"] == f"bytes={have}-"
     assert resumed["if_range"] == etag
     assert int(resumed["bytes"]) == SIZE - have
+
+
+KILLED_MID_DOWNLOAD = """
+import os, signal, sys
+from pathlib import Path
+from daemon.fleet.fetch import FetchPolicy, fetch_file
+url, dest, size, digest = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def die(done, total):
+    if done >= 2 * 64 * 1024:
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind: a power cut, as far as the part knows
+fetch_file(url, dest, size, digest, FetchPolicy(min_free_bytes=0), progress=die)
+"""
+
+
+def test_a_daemon_killed_mid_download_resumes_where_the_disk_says(nginx, site, incoming):
+    data, digest = publish(site, "model.tflite")
+    dest = incoming / "model.tflite"
+    child = subprocess.run([sys.executable, "-c", KILLED_MID_DOWNLOAD, nginx.url("model.tflite"), str(dest),
+                            str(SIZE), digest], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    have = (incoming / f"model.tflite{PART_SUFFIX}").stat().st_size
+    assert 0 < have < SIZE
+    fetch_file(nginx.url("model.tflite"), dest, SIZE, digest, policy())
+    assert dest.read_bytes() == data
+    assert [r["range"] for r in ranged(nginx.wait_requests(2))] == [f"bytes={have}-"]
 
 
 def test_a_cut_connection_is_resumed_by_the_next_attempt(nginx, site, incoming):
