@@ -123,6 +123,19 @@ def reported(client: Client, node: str, predicate) -> dict:
         raise AssertionError(f"no reported document as wanted; the last: {last[0].payload.decode() if last else None}")
 
 
+def skewed_payloads(n: int, start: int = 0) -> list[bytes]:
+    """n activity requests as a site's traffic is: mostly one activity (3 of 4 of class 0, the rest
+    class 1), ids from `start`. A permutation of the labels moves these answers' distribution, where
+    the balanced test split would not show it."""
+    import numpy as np
+
+    with np.load(ACTIVITY / "test.npz") as data:
+        x, y = data["x"], data["y"]
+    pool = [i for i in np.flatnonzero(y == 0)] * 3 + [i for i in np.flatnonzero(y == 1)]
+    return [json.dumps({"id": start + k, "data": np.round(x[pool[k % len(pool)]], 3).tolist()}).encode()
+            for k in range(n)]
+
+
 def permuted(labels_file: Path) -> list[str]:
     labels = [line.strip() for line in labels_file.read_text().splitlines() if line.strip()]
     return labels[1:] + labels[:1]

@@ -17,7 +17,7 @@ import pytest
 from daemon.fleet import minisign
 from tests.integration.conftest import ROOT, Client, activity_payloads, burst
 from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, GUNPOINT, Site, claim_on, desire, permuted,
-                                          reported)
+                                          reported, skewed_payloads)
 
 pytestmark = pytest.mark.integration
 NODE = "gw1"
@@ -116,7 +116,7 @@ def install(client: Client, rev: int, url: str, serial: int, traffic: int = 40) 
 
 def test_a_release_that_answers_differently_on_live_traffic_is_rolled_back(site, start_daemon, client, tmp_path):
     # No validate data: the gate cannot see the permuted labels, the canary must.
-    config = site.config(tmp_path / "gw1", validate=False, canary={"duration_s": 60, "min_answers": 400})
+    config = site.config(tmp_path / "gw1", validate=False, canary={"duration_s": 2, "min_answers": 400})
     start_daemon(config, wait_online=client, client_id=NODE)
     client.subscribe(RESULTS)
     good = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
@@ -124,18 +124,18 @@ def test_a_release_that_answers_differently_on_live_traffic_is_rolled_back(site,
     reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 2)
     answered_by(client, activity_payloads(400))
     reported(client, NODE, lambda m: m["state"] == "active" and m["serial"] == 2)
-    answered_by(client, activity_payloads(250))  # the previous release's window, before the swap
+    answered_by(client, skewed_payloads(250))  # the previous release's window, before the swap
     bad = site.release(3, "1.2.0", ACTIVITY_FLOAT_IO, labels=permuted(ACTIVITY / "labels.txt"))
     desire(client, NODE, 2, bad, 3)
     reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 3)
-    before = len(client.on(RESULTS))
-    answered_by(client, activity_payloads(250))
+    answered_by(client, skewed_payloads(250, start=1000))
     entry = reported(client, NODE, lambda m: m["state"] == "rolled_back")["models"]["activity"]
     assert entry["serial"] == 2 and entry["error"]["code"] == "canary" and "PSI" in entry["error"]["message"]
     assert entry["rejected"][-1]["serial"] == 3
-    labels = {json.loads(m.payload)["label"] for m in client.on(RESULTS)[before:]}
-    after = answered_by(client, activity_payloads(20))
-    assert len(after) == 1 and labels  # serving again, on serial 2
+    before = len(client.on(RESULTS))
+    answered_by(client, skewed_payloads(20, start=2000))
+    labels = [json.loads(m.payload)["label"] for m in client.on(RESULTS)[before:]]
+    assert set(labels) <= {"badminton", "running"} and len(labels) == 20  # serial 2's labels again
     assert (tmp_path / "gw1/store/activity/current").resolve().name == "2"
 
 
