@@ -162,13 +162,14 @@ def test_a_replayed_retained_document_changes_nothing_and_rollback_needs_no_down
 
 
 @pytest.mark.parametrize("step", ["mid_admit", "after_journal", "after_current"])
-def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, client, tmp_path, step):
+def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, broker, client, tmp_path,
+                                                                        step):
     from daemon.fleet.store import KILL_ENV
     from tests.integration.conftest import Daemon
 
     config = site.config(tmp_path / "gw1")
     client.subscribe(f"edge-inferd/{NODE}/status")
-    doomed = Daemon(config, client.broker.address, tmp_path / "doomed.log", env={KILL_ENV: step})
+    doomed = Daemon(config, broker.address, tmp_path / "doomed.log", env={KILL_ENV: step})
     client.wait_payload(f"edge-inferd/{NODE}/status", b"online")
     desire(client, NODE, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
     assert doomed.proc.wait(60) == -signal.SIGKILL, doomed.log()[-2000:]
@@ -185,17 +186,13 @@ def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, s
 
 
 def test_a_release_the_daemon_keeps_restarting_on_is_reverted_at_start(site, start_daemon, client, tmp_path):
-    config = site.config(tmp_path / "gw1", canary={"duration_s": 3600, "min_answers": 10, "max_restarts": 1})
+    config = site.config(tmp_path / "gw1", canary={"duration_s": 0, "min_answers": 10, "max_restarts": 1})
     node = start_daemon(config, wait_online=client, client_id=NODE)
     client.subscribe(RESULTS)
-    install_kept = site.config(tmp_path / "gw1", canary={"duration_s": 0, "min_answers": 10, "max_restarts": 1})
-    del install_kept  # the same file: the first release's canary ends on answers (written back below)
-    config.write_text(config.read_text().replace("duration_s: 3600", "duration_s: 0"))
-    node.stop()
-    node = start_daemon(config, wait_online=client, client_id=NODE)
     install(client, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
     node.stop()
-    config.write_text(config.read_text().replace("duration_s: 0", "duration_s: 3600"))
+    config.write_text(config.read_text().replace("duration_s: 0", "duration_s: 3600"))  # a canary that lasts
+    client.messages.clear()
     node = start_daemon(config, wait_online=client, client_id=NODE)
     desire(client, NODE, 2, site.release(3, "1.2.0"), 3)
     reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 3)
