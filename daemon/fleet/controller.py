@@ -194,7 +194,7 @@ def _new_record(link: ControllerLink, options: RolloutOptions, out: TextIO) -> "
     record = RolloutRecord(
         model=options.model, release=options.release, serial=options.serial, version=options.version,
         waves=specs, nodes=tuple(node for wave in waves for node in wave), state="running",
-        success=options.success, abort_below=options.abort_at, min_nodes=options.abort_min_nodes,
+        success=options.success, abort_at=options.abort_at, min_nodes=options.abort_min_nodes,
         wave_timeout_s=options.wave_timeout_s, on_abort=options.on_abort)
     publish_record(link, record)
     say(out, f"rollout of {options.model} {options.release} (serial {options.serial}) to {len(nodes)} nodes "

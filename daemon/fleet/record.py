@@ -49,7 +49,7 @@ class RolloutRecord:
     state: str
     success: float
     """A wave passes when active / wave nodes reaches this."""
-    abort_below: float
+    abort_at: float
     """`--abort-at`: abort once failed / judged reaches this (and `min_nodes` have failed)."""
     min_nodes: int
     wave_timeout_s: float

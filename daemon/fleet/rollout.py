@@ -135,8 +135,8 @@ class Rollout:
         self._save(result={**self.record.result, node: result})
         results = list(self.record.result.values())
         failed = sum(1 for r in results if r in FAILURES)
-        if failed >= self.record.min_nodes and failed / len(results) >= self.record.abort_below:
-            return f"{failed} of {len(results)} nodes failed (abort at {self.record.abort_below:g})"
+        if failed >= self.record.min_nodes and failed / len(results) >= self.record.abort_at:
+            return f"{failed} of {len(results)} nodes failed (abort at {self.record.abort_at:g})"
         return None
 
     def _wave_verdict(self, wave: tuple[str, ...]) -> Optional[str]:
