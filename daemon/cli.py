@@ -243,6 +243,10 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.fleet:
+        from daemon.tools.demo_fleet import run_fleet_demo
+
+        return EXIT_OK if run_fleet_demo() else EXIT_FAIL
     from daemon.tools.demo import run_demo
 
     return EXIT_OK if run_demo(args.config, limit=args.limit, quiet=args.quiet, verbose=args.verbose) else EXIT_FAIL

@@ -267,3 +267,6 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     _add_dev_config(demo)
     demo.add_argument("--limit", type=int, default=0, help="samples per route at most (default: all; anomaly 200, values 5)")
     demo.add_argument("--quiet", action="store_true", help="print only the summary")
+    demo.add_argument("--fleet", action="store_true",
+                      help="the fleet demo instead: three daemons, a release rolled out in waves, a bad one "
+                           "stopped by the gate on the first wave (docs/fleet.md)")

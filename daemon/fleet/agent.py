@@ -245,7 +245,7 @@ class Agent:
         store.activate(serial)
         problem = self._host.apply(f"fleet: model {name} serial {serial}")
         if problem is not None:
-            store.revert()
+            store.back()
             record.canary_serial = None
             raise Refused(LOAD, f"the swap failed and the previous release serves on: {problem}")
         new_sha = self._host.model_sha256(name)
@@ -287,20 +287,23 @@ class Agent:
                 self.rollback(name, CANARY_CODE, f"the canary failed: {verdict.reason}")
 
     def rollback(self, name: str, code: str, message: str) -> str:
-        """Back to the previous kept release: no download, no gate. Refused when there is none."""
+        """Back to the previous kept release (no download, no gate), or to the configured files when
+        the current release is the first. Refused when no release is current."""
         store, record = self.stores[name], self.records[name]
         serial = store.current()
+        if serial is None:
+            raise Refused("operator", f"model {name!r} runs its configured files: there is no release to go back from")
         version = (record.target or {}).get("version", "") if record.target else ""
-        store.revert()
-        problem = self._host.apply(f"fleet: model {name} back to serial {store.current()}")
+        store.back()
+        problem = self._host.apply(f"fleet: model {name} back to {_shown(store.current())}")
         self._canaries.pop(name, None)
         record.canary_serial = None
         record.reject(serial, version, code, message)
-        logger.warning("fleet: %s serial %s rolled back to %s: %s", name, serial, store.current(), message)
+        logger.warning("fleet: %s serial %s rolled back to %s: %s", name, serial, _shown(store.current()), message)
         if problem is not None:
             logger.error("fleet: %s: the previous release failed to load again: %s", name, problem)
         self._set(name, ROLLED_BACK)
-        return f"rolled back from serial {serial} to {store.current()}"
+        return f"rolled back from serial {serial} to {_shown(store.current())}"
 
     def _set(self, name: str, state: str, **fields) -> None:
         record = self.records[name]
@@ -358,3 +361,7 @@ class Agent:
             version = (record.target or {}).get("version")
             latest = {"version": version, "summary": record.summary} if version else None
             self._host.publish(ha_update.state_topic(mqtt, name), codecs.encode(ha_update.state(entry, latest)), True)
+
+
+def _shown(serial: Optional[int]) -> str:
+    return "the configured files" if serial is None else f"serial {serial}"

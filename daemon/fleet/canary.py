@@ -26,8 +26,10 @@ from daemon.obs.drift import SCORE_BINS, psi
 from daemon.obs.model_watch import ReleaseWindow
 
 PASS, FAIL, WAIT = "pass", "fail", "wait"
-# Batches of each release before their invoke p99s are compared.
-LATENCY_MIN_SAMPLES = 20
+# Batches of each release before their invoke p99s are compared: a p99 of fewer is one or two
+# batches that met a busy core (seen: 5x on a loaded 2-core gateway between two builds of a model
+# whose invokes, alone, differ by 0.7x).
+LATENCY_MIN_SAMPLES = 200
 # Answers of each release (per route) before their PSI is read: with 10 bins two samples of one
 # distribution read about 9 * (1/n + 1/m), 0.09 at 200 and 200 (docs/drift.md).
 PSI_MIN_ANSWERS = 200

@@ -105,8 +105,6 @@ def _carry_out(agent: Agent, name: str, model: str) -> str:
     if name == INSTALL:
         return agent.activate_staged(model)
     if name == ROLLBACK:
-        if agent.stores[model].previous() is None:
-            raise Refused(OPERATOR, f"model {model!r} has no previous release kept to go back to")
         return agent.rollback(model, OPERATOR, "rolled back by the operator")
     if name == RETRY:
         target = agent.targets().get(model)

@@ -19,7 +19,6 @@ from daemon.fleet.controller_link import ControllerLink
 CLEAR = "\033[H\033[2J"
 RULE_WIDTH = 80
 _RULE = "-" * RULE_WIDTH
-_PER_MIN = 60.0
 COLUMNS = ("node", "model", "version", "serial", "state", "gate", "canary", "error", "age")
 NO_VALUE = "-"
 
@@ -77,16 +76,19 @@ def _gate(gate: Optional[dict]) -> str:
 
 
 def _canary(canary: Optional[dict]) -> str:
-    """`812/min psi 0.012 lat x1.04`: answers per minute so far, drift, latency against the old model."""
+    """`812/200 41/60s psi 0.012 lat x1.04`: answers so far of those it needs, seconds so far of its
+    duration, drift and invoke p99 against the previous release (`-` until judged)."""
     if not canary:
         return NO_VALUE
-    answers, elapsed = canary.get("answers"), canary.get("elapsed_s")
-    rate = (f"{answers / elapsed * _PER_MIN:.0f}/min" if isinstance(answers, (int, float))
-            and isinstance(elapsed, (int, float)) and elapsed > 0 else f"{_text(answers)} answers")
-    return f"{rate} psi {_num(canary.get('psi'))} lat x{_num(canary.get('latency_ratio'))}"
+    answers = f"{_text(canary.get('answers'))}/{_text(canary.get('min_answers'))}"
+    seconds = f"{_num(canary.get('elapsed_s'), 0)}/{_num(canary.get('duration_s'), 0)}s"
+    return f"{answers} {seconds} psi {_num(canary.get('psi'))} lat x{_num(canary.get('latency_ratio'))}"
 
 
-def _num(value: object) -> str:
+def _num(value: object, decimals: Optional[int] = None) -> str:
+    """A figure in three significant digits, or with `decimals` decimals."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and decimals is not None:
+        return f"{value:.{decimals}f}"
     if isinstance(value, float):
         return f"{value:.3g}"
     return _text(value)

@@ -169,6 +169,21 @@ class ModelStore:
         self._swap(REVERT, back_to, older[-1] if older else None)
         return back_to
 
+    def deactivate(self) -> None:
+        """No release current: the config's own model files serve again (a first release sent back,
+        with no earlier release kept). One unlink: no journal needed."""
+        self._set_link(_CURRENT, None)
+        fsync_path(self.dir)
+        logger.info("%s: no release current; the configured files serve", self.model)
+
+    def back(self) -> Optional[int]:
+        """`revert`, or `deactivate` when no release is kept before the current one: the serial now
+        current (None: the configured files)."""
+        if self.previous() is None and self.current() is not None:
+            self.deactivate()
+            return None
+        return self.revert()
+
     def _swap(self, op: str, to: int, prev_after: Optional[int]) -> None:
         journal = {"op": op, "to": to, "from": self.current(), "prev_before": self.previous(),
                    "prev_after": prev_after}

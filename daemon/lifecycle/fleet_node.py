@@ -47,9 +47,9 @@ def boot(config: Config) -> bool:
         record = ModelRecord.from_state(name, store.read_state())
         if record.state == CANARY and record.canary_serial == store.current():
             record.restarts += 1
-            if record.restarts > config.fleet.canary.max_restarts and store.previous() is not None:
+            if record.restarts > config.fleet.canary.max_restarts:
                 serial = store.current()
-                store.revert()
+                store.back()
                 message = (f"the daemon started {record.restarts} times during the canary "
                            f"(fleet.canary.max_restarts {config.fleet.canary.max_restarts})")
                 record.reject(serial, (record.target or {}).get("version", ""), CANARY_CODE, message)

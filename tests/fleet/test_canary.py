@@ -25,8 +25,8 @@ def classes(n, shares, seed=0):
 
 
 def test_the_same_answers_pass_once_long_enough():
-    before = window(classes(500, [0.5, 0.3, 0.2], 1), invoke=[1e-3] * 50)
-    after = window(classes(400, [0.5, 0.3, 0.2], 2), invoke=[1.1e-3] * 50)
+    before = window(classes(500, [0.5, 0.3, 0.2], 1), invoke=[1e-3] * 250)
+    after = window(classes(400, [0.5, 0.3, 0.2], 2), invoke=[1.1e-3] * 250)
     assert canary.judge(CONFIG, after, before, 0, 5.0, ROUTES).outcome == canary.WAIT
     verdict = canary.judge(CONFIG, after, before, 0, 10.0, ROUTES)
     assert verdict.outcome == canary.PASS
@@ -51,8 +51,8 @@ def test_internal_errors_fail():
 
 
 def test_a_slower_release_fails_on_its_p99():
-    verdict = canary.judge(CONFIG, window([0] * 10, invoke=[3e-3] * 30), window([0] * 10, invoke=[1e-3] * 30), 0, 1.0,
-                           ROUTES)
+    verdict = canary.judge(CONFIG, window([0] * 10, invoke=[3e-3] * 200), window([0] * 10, invoke=[1e-3] * 200), 0,
+                           1.0, ROUTES)
     assert verdict.outcome == canary.FAIL and "p99" in verdict.reason
 
 
@@ -66,7 +66,7 @@ def test_anomaly_scores_are_compared_in_the_previous_deciles():
 
 
 def test_without_a_previous_window_only_the_internal_rate_is_judged():
-    verdict = canary.judge(CONFIG, window([1] * 400, invoke=[1.0] * 40), window(), 0, 10.0, ROUTES)
+    verdict = canary.judge(CONFIG, window([1] * 400, invoke=[1.0] * 400), window(), 0, 10.0, ROUTES)
     assert verdict.outcome == canary.PASS and verdict.figures["psi"] is None and verdict.figures["latency_ratio"] is None
 
 

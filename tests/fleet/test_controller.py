@@ -315,7 +315,8 @@ def test_the_table_reads_download_gate_canary_error_and_age():
         "gw2": {"models": {MODEL: {
             "state": "canary", "version": "1.2.0", "serial": 2,
             "gate": {"passed": True, "routes": {"a": {"metric": "accuracy", "value": 0.975}}},
-            "canary": {"answers": 812, "elapsed_s": 60.0, "psi": 0.012, "latency_ratio": 1.04}}}},
+            "canary": {"answers": 812, "min_answers": 200, "elapsed_s": 41.2, "duration_s": 60, "psi": 0.012,
+                       "latency_ratio": 1.04}}}},
         "gw3": {"models": {MODEL: {"state": "failed", "serial": 1, "error": {"code": "gate", "message": "worse"}},
                            "other": {"state": "active", "serial": 7}}},
     }
@@ -323,7 +324,7 @@ def test_the_table_reads_download_gate_canary_error_and_age():
     assert [r["node"] for r in table_rows] == ["gw1", "gw2", "gw3"]  # --model: other's row left out
     lines = fleet_status.render(table_rows).splitlines()
     assert lines[1].split() == ["gw1", MODEL, "1.1.0", "1", "downloading", "45%", "-", "-", "-", "12s"]
-    assert "pass accuracy 0.975" in lines[2] and "812/min psi 0.012 lat x1.04" in lines[2] and lines[2].endswith("-")
+    assert "pass accuracy 0.975" in lines[2] and "812/200 41/60s psi 0.012 lat x1.04" in lines[2] and lines[2].endswith("-")
     assert lines[3].split()[-2:] == ["gate", "-"]
     assert len(fleet_status.rows(reported, None, now)) == 4
 

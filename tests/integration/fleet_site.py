@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
@@ -19,40 +16,13 @@ from daemon.config.reader import absolute_paths
 from daemon.fleet import minisign
 from daemon.fleet.publish import make_release
 from daemon.fleet.release import Claim
+from daemon.tools.release_server import ReleaseServer
 from tests.integration.conftest import ROOT, Client
 
 ACTIVITY = ROOT / "models/activity"
 # A second build of the activity model (a float32 interface, the same task): a release with another sha256.
 ACTIVITY_FLOAT_IO = ROOT / "tests/fixtures/activity_float_io"
 GUNPOINT = ROOT / "models/gunpoint"
-
-
-class _Handler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's name)
-        self.server.requests.append(self.path)
-
-
-class ReleaseServer:
-    """http.server over `root` in a thread; `requests` lists every path asked for."""
-
-    def __init__(self, root: Path):
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, directory=str(root)))
-        self.httpd.requests = []
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def requests(self) -> list[str]:
-        return self.httpd.requests
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_port}/{path}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 class Site:
