@@ -28,7 +28,7 @@ from daemon.config.schema import Config
 from daemon.fleet import canary, commands_node, desired, ha_update
 from daemon.fleet.install import Installer
 from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
-from daemon.fleet.refusal import CANARY as CANARY_CODE, LOAD, Refused
+from daemon.fleet.refusal import CANARY as CANARY_CODE, CLAIM, GATE, LOAD, Refused
 from daemon.fleet.store import ModelStore
 from daemon.obs import ha_discovery
 from daemon.obs.model_watch import ModelWatch, ReleaseWindow
@@ -181,7 +181,8 @@ class Agent:
             return
         serial = target.serial if target.serial is not None else (record.target or {}).get("serial")
         if serial is not None and serial == store.current() and record.state != ROLLED_BACK:
-            self._set(name, ACTIVE, target={**target.as_dict(), "serial": serial}, error=None, progress=None)
+            gate = record.gate if record.gate and record.gate.get("serial") == serial else None  # not a refused one's
+            self._set(name, ACTIVE, target={**target.as_dict(), "serial": serial}, error=None, progress=None, gate=gate)
             return
         refused = record.rejection(serial) if serial is not None else None
         if refused is not None:
@@ -210,7 +211,8 @@ class Agent:
                 return
             kept = manifest.serial in store.kept()
             installer.fetch(target, manifest, data, signatures)
-            record.gate = {"passed": True, "note": "a kept release: no gate"} if kept else installer.gate(manifest)
+            gate = {"passed": True, "note": "a kept release: no gate"} if kept else installer.gate(manifest)
+            record.gate = {**gate, "serial": manifest.serial}
             if self._fleet.activation == MANUAL:
                 record.staged = manifest.serial
                 self._set(name, STAGED, progress=None)
@@ -222,8 +224,9 @@ class Agent:
     def _refuse(self, name: str, serial: Optional[int], version: str, refusal: Refused) -> None:
         logger.warning("fleet: %s serial %s refused: %s: %s", name, serial, refusal.code, refusal.message)
         self.records[name].reject(serial, version, refusal.code, refusal.message)
-        if refusal.code == "gate" or refusal.code == "claim":
-            self.records[name].gate = {"passed": False, "code": refusal.code, "message": refusal.message}
+        if refusal.code in (GATE, CLAIM):
+            self.records[name].gate = {"passed": False, "code": refusal.code, "message": refusal.message,
+                                       "serial": serial}
         self._set(name, FAILED, progress=None)
 
     def activate_staged(self, name: str) -> str:

@@ -44,7 +44,7 @@ def _row(node: str, model: str, entry: dict, doc: dict, now: float) -> dict:
         "canary": entry.get("canary") if isinstance(entry.get("canary"), dict) else None,
         "error": reported_view.error_code(entry),
         # `time` is the node's own clock, for display only (gateways have no reliable clock).
-        "age_s": round(now - stamp, 1) if isinstance(stamp, (int, float)) else None,
+        "age_s": round(max(0.0, now - stamp), 1) if isinstance(stamp, (int, float)) else None,  # clocks differ a little
     }
 
 

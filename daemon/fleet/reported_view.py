@@ -60,9 +60,14 @@ def describe(entry: Optional[dict]) -> str:
 
 
 def error_code(entry: Optional[dict]) -> Optional[str]:
+    """The entry's error code; else, where a release was refused earlier, `last: <its code>`."""
     error = entry.get("error") if isinstance(entry, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
-    return str(code) if code else None
+    if code:
+        return str(code)
+    rejected = entry.get("rejected") if isinstance(entry, dict) else None
+    last = rejected[-1] if isinstance(rejected, list) and rejected and isinstance(rejected[-1], dict) else {}
+    return f"last: {last['code']}" if last.get("code") else None
 
 
 def verdict(entry: Optional[dict], serial: int) -> Optional[str]:
