@@ -19,6 +19,7 @@ On any failure the running config and models keep serving; the error is logged a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +39,8 @@ VERIFY_TAIL_LINES = 8
 # it, and its watchdog (systemd's WatchdogSec=30, a worker process's heartbeat judged at
 # 30 s) must still be fed, or a check longer than that gets the daemon killed.
 VERIFY_TICK_S = 1.0
+# The check's child runs this much below the daemon (nice(2) increments: 10 is a background job's).
+CHECK_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,19 @@ def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Pla
     return Plan(changed, restart_from, digests, ignored)
 
 
+def _lower_priority() -> None:
+    """The check runs beside serving: below the daemon's priority, so requests keep their cores."""
+    os.nice(CHECK_NICENESS)
+
+
 def verify(path: Path, timeout_s: float = VERIFY_TIMEOUT_S,
            while_waiting: Callable[[], None] = lambda: None) -> Optional[str]:
     """Run `check-config --deep` on `path` in a child process: None when it passes, else why not.
     `while_waiting` runs every VERIFY_TICK_S until the child is done."""
     command = [sys.executable, "-m", "daemon", "check-config", "--deep", "--config", str(path)]
     deadline = time.monotonic() + timeout_s
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_lower_priority) as child:
         while True:
             try:
                 out, err = child.communicate(timeout=min(VERIFY_TICK_S, max(0.0, deadline - time.monotonic())))
