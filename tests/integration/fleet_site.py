@@ -12,10 +12,10 @@ from typing import Optional
 
 import yaml
 
-from daemon.config.reader import absolute_paths
 from daemon.fleet import minisign
 from daemon.fleet.publish import make_release
 from daemon.fleet.release import Claim
+from daemon.tools.demo_fleet import node_config
 from daemon.tools.release_server import ReleaseServer
 from tests.integration.conftest import ROOT, Client
 
@@ -48,27 +48,16 @@ class Site:
     def release_dir(self, serial: int, name: str = "activity") -> Path:
         return self.server.root / name / str(serial)
 
-    def config(self, directory: Path, client_id: str = "gw1", validate: bool = True, **fleet) -> Path:
-        """A node serving only the activity route (managed), its fleet section overridden by `fleet`."""
-        raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
-        route = next(r for r in raw["routes"] if r["name"] == "activity")
-        route["subscribe"] = f"sensors/{client_id}/+/imu"
-        route["publish"] = f"results/{client_id}/{{1}}/activity"
-        if validate:
-            route["validate"] = {"data": str(ACTIVITY / "test.npz")}
-        else:
-            route.pop("validate", None)
-        raw["routes"] = [route]
-        raw["models"] = {"activity": {**raw["models"]["activity"], "managed": True}}
-        raw["mqtt"] = {**raw["mqtt"], "client_id": client_id}
-        raw["cache"] = {"enabled": False}
-        raw["stats_interval_s"] = 1
-        raw["fleet"] = {"enabled": True, "trusted_keys": [self.key.public_key.line], "store_dir": str(directory / "store"),
-                        "fetch": {"attempts": 2, "backoff_s": 0.05, "stall_s": 5},
-                        "canary": {"duration_s": 1, "min_answers": 30}, **fleet}
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "config.yaml"
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    def config(self, directory: Path, client_id: str = "gw1", validate: bool = True,
+               sections: Optional[dict] = None, **fleet) -> Path:
+        """A node serving only the activity route (managed), trusting this site's key; quick fetch
+        retries and a short canary unless `fleet` says otherwise; `sections` replace whole sections."""
+        fleet = {"fetch": {"attempts": 2, "backoff_s": 0.05, "stall_s": 5},
+                 "canary": {"duration_s": 1, "min_answers": 30}, **fleet}
+        path = node_config(directory, client_id, self.key.public_key.line, validate, **fleet)
+        if sections:
+            raw = yaml.safe_load(path.read_text())
+            path.write_text(yaml.safe_dump({**raw, **sections}, sort_keys=False))
         return path
 
     def close(self) -> None:

@@ -8,8 +8,8 @@ float32 interface (another sha256, the same answers), signed by `fleet sign`'s o
 from __future__ import annotations
 
 import json
-import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -239,3 +239,23 @@ def test_too_few_signatures_and_a_downgrade_are_refused(site, start_daemon, clie
     desire(client, NODE, 3, url, 4)
     entry = reported(client, NODE, lambda m: m["state"] == "failed" and m["error"]["code"] == "downgrade")
     assert entry["models"]["activity"]["serial"] == 5
+
+
+def test_a_full_disk_is_refused_before_the_download_and_the_old_model_serves(site, start_daemon, client, tmp_path):
+    store = tmp_path / "small"
+    store.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(store)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        config = site.config(tmp_path / "gw1", store_dir=str(store))  # fleet.fetch.min_free_mb: 64 by default
+        start_daemon(config, wait_online=client, client_id=NODE)
+        client.subscribe(RESULTS)
+        serving = answered_by(client, activity_payloads(5))
+        desire(client, NODE, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
+        entry = reported(client, NODE, lambda m: m["state"] == "failed")["models"]["activity"]
+        assert entry["error"]["code"] == "no_space" and str(store) in entry["error"]["message"]
+        assert answered_by(client, activity_payloads(5)) == serving
+        assert not [p for p in site.server.requests if p.endswith("model.tflite")]
+    finally:
+        subprocess.run(["umount", "-l", str(store)], check=False)
