@@ -180,9 +180,8 @@ class Agent:
                 record.state = ACTIVE if store.current() is not None else IDLE
             return
         serial = target.serial if target.serial is not None else (record.target or {}).get("serial")
-        if serial is not None and serial == store.current() and record.state != ROLLED_BACK:
-            gate = record.gate if record.gate and record.gate.get("serial") == serial else None  # not a refused one's
-            self._set(name, ACTIVE, target={**target.as_dict(), "serial": serial}, error=None, progress=None, gate=gate)
+        if serial is not None and serial == store.current():  # what is desired runs (a rollback's target too)
+            self._settle(name, target, serial)
             return
         refused = record.rejection(serial) if serial is not None else None
         if refused is not None:
@@ -192,6 +191,17 @@ class Agent:
         if record.staged is not None and record.staged == serial and self._fleet.activation == MANUAL:
             return
         self._install(name, target)
+
+    def _settle(self, name: str, target: desired.Target, serial: int) -> None:
+        """The desired release is the current one: active, with its own gate's figures (not a refused
+        one's); written and published only when that changes something."""
+        record = self.records[name]
+        gate = record.gate if record.gate and record.gate.get("serial") == serial else None
+        release = self._release(name, serial)
+        shown = {**target.as_dict(), "serial": serial, "version": release.version if release else None}
+        if (record.state, record.target, record.error, record.progress, record.gate) != (ACTIVE, shown, None, None,
+                                                                                          gate):
+            self._set(name, ACTIVE, target=shown, error=None, progress=None, gate=gate)
 
     def _install(self, name: str, target: desired.Target) -> None:
         record, store = self.records[name], self.stores[name]
