@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +18,7 @@ from daemon.fleet.publish import make_release
 from daemon.fleet.release import Claim
 from daemon.tools.demo_fleet import node_config
 from daemon.tools.release_server import ReleaseServer
-from tests.integration.conftest import ROOT, Client
+from tests.integration.conftest import ROOT, Client, activity_payloads
 
 ACTIVITY = ROOT / "models/activity"
 # A second build of the activity model (a float32 interface, the same task): a release with another sha256.
@@ -111,3 +112,53 @@ def copy_model(src: Path, dst: Path) -> Path:
     for name in ("model.tflite", "labels.txt"):
         shutil.copy(src / name, dst / name)
     return dst
+
+
+def requests_topic(node: str) -> str:
+    """The activity route's request topic of `Site.config(..., client_id=node)` (one device)."""
+    return f"sensors/{node}/dev1/imu"
+
+
+def results_topic(node: str) -> str:
+    return f"results/{node}/dev1/activity"
+
+
+class Traffic:
+    """Live traffic for several nodes' canaries, on a thread, until `stop()`: a round of `batch`
+    requests to each node, then a wait for their answers before the next round. Paced by the
+    nodes' own answers (no guessed rate); a round that is not answered within `round_s` (a node
+    mid-swap, a broker restart) is given up and the next one sent, so the feeder never stalls."""
+
+    def __init__(self, client: Client, nodes: list[str], batch: int = 20, round_s: float = 5.0):
+        self.client, self.nodes, self.batch, self.round_s = client, nodes, batch, round_s
+        self._stop = threading.Event()
+        self.rounds = 0
+        for node in nodes:
+            client.subscribe(results_topic(node))
+        self._payloads = activity_payloads(batch)
+        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.client.cond:
+                before = {node: len(self.client.on(results_topic(node))) for node in self.nodes}
+            try:
+                for node in self.nodes:
+                    for payload in self._payloads:
+                        self.client.c.publish(requests_topic(node), payload, qos=1)
+            except (RuntimeError, ValueError):  # paho refuses while its queue is full or the link is down
+                pass
+
+            def answered() -> bool:
+                return self._stop.is_set() or all(len(self.client.on(results_topic(n))) >= before[n] + self.batch
+                                                  for n in self.nodes)
+            with self.client.cond:
+                self.client.cond.wait_for(answered, self.round_s)
+            self.rounds += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.client.cond:
+            self.client.cond.notify_all()
+        self._thread.join(30)

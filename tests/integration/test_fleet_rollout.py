@@ -1,0 +1,185 @@
+"""`fleet rollout` and `fleet status` (daemon/fleet/controller.py) against three REAL daemons on
+one mosquitto, with signed releases on an HTTP server (tests/integration/fleet_site.py): what
+tests/fleet/test_controller.py shows against scripted nodes, here with the nodes' own fetch,
+gate, canary and reported documents.
+
+The canary needs live answers (`canary.min_answers` 30 over `duration_s` 1): a `Traffic` thread
+feeds every node's request topic while a rollout runs, as a site's sensors would. min_answers 0
+would skip the very step whose timing a rollout's figure is about.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from daemon.fleet import controller
+from daemon.fleet.controller import RolloutOptions, StatusOptions
+from tests.integration.conftest import ROOT, WAIT_S, Client, activity_payloads, burst
+from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, Site, Traffic, permuted, reported,
+                                          requests_topic, results_topic)
+
+pytestmark = pytest.mark.integration
+NODES = ["gw1", "gw2", "gw3"]
+MODEL = "activity"
+RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
+DESIRED = "edge-inferd/fleet/desired/node/"
+WAVE_TIMEOUT_S = 120.0  # bounds a failing test only: a node's whole install takes seconds
+
+
+@pytest.fixture
+def site(tmp_path):
+    s = Site(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fleet(site, start_daemon, client, tmp_path):
+    """The three daemons, each online and with its first reported document in; the client follows
+    the record and every desired document from before the rollout."""
+    client.subscribe(RECORD)
+    client.subscribe(DESIRED + "+")
+    for node in NODES:
+        start_daemon(site.config(tmp_path / node, client_id=node), wait_online=client, client_id=node)
+    for node in NODES:
+        reported(client, node, lambda m: True)
+    return NODES
+
+
+def options(broker, url: str, serial: int, **changes) -> RolloutOptions:
+    return RolloutOptions(broker.address, MODEL, url, serial, **{"waves": "1,2,100%", "wave_timeout_s": WAVE_TIMEOUT_S,
+                                                                  **changes})
+
+
+def serving(client: Client, node: str, n: int = 10) -> set:
+    """The model_sha256 set that answered `n` fresh requests to `node`."""
+    topic = results_topic(node)
+    if topic not in client.topics:
+        client.subscribe(topic)
+    before = len(client.on(topic))
+    burst(client, requests_topic(node), activity_payloads(n))
+    replies = [json.loads(m.payload) for m in client.wait_count(topic, before + n)[before:]]
+    assert all("error" not in r for r in replies), replies[:3]
+    return {r["model_sha256"] for r in replies}
+
+
+def desired_revs(client: Client, node: str) -> list[int]:
+    """The rev of every desired document of `node` published since the client subscribed."""
+    return [json.loads(m.payload)["rev"] for m in client.on(DESIRED + node) if m.payload]
+
+
+def record(client: Client, predicate) -> dict:
+    return client.wait_json_until(RECORD, predicate)
+
+
+def assert_all_active(client: Client, serial: int) -> None:
+    for node in NODES:
+        entry = reported(client, node, lambda m: m["state"] == "active" and m["serial"] == serial)["models"][MODEL]
+        assert entry["canary"]["answers"] >= 30 and entry["rejected"] == [], (node, entry)
+
+
+def test_a_good_release_rolls_out_to_three_real_nodes_and_status_lists_them(site, fleet, broker, client):
+    url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    traffic = Traffic(client, fleet)
+    out = io.StringIO()
+    started = time.monotonic()
+    try:
+        code = controller.rollout(options(broker, url, 2, version="1.1.0"), out)
+    finally:
+        traffic.stop()
+    print(f"a three-node rollout's time (waves 1,2,100%, canary 1 s / 30 answers): {time.monotonic() - started:.2f} s")
+    assert code == 0, out.getvalue()
+    done = record(client, lambda r: r["state"] == "completed")
+    assert done["assigned"] == {"gw1": 0, "gw2": 1, "gw3": 2}
+    assert done["result"] == {node: "active" for node in NODES}
+    assert_all_active(client, 2)
+    assert {node: desired_revs(client, node) for node in NODES} == {node: [1] for node in NODES}
+    text = out.getvalue()
+    for line in ("wave 1/3: gw1", "gw1: canary", "gw1: active serial 2", "wave 3/3 passed",
+                 "rollout of activity serial 2 completed: 3 of 3 nodes assigned; 3 active"):
+        assert line in text, text
+    status = io.StringIO()
+    assert controller.status(StatusOptions(broker.address, json=True), status) == 0
+    rows = [(r["node"], r["model"], r["version"], r["serial"], r["state"]) for r in json.loads(status.getvalue())]
+    assert rows == [(node, MODEL, "1.1.0", 2, "active") for node in NODES], rows
+
+
+def test_a_release_the_gate_refuses_stops_on_the_first_wave_and_every_node_serves_the_old_one(site, fleet, broker,
+                                                                                              client):
+    before = {node: serving(client, node) for node in NODES}
+    url = site.release(2, "1.1.0", labels=permuted(ACTIVITY / "labels.txt"))
+    out = io.StringIO()
+    assert controller.rollout(options(broker, url, 2, on_abort="rollback"), out) == 1, out.getvalue()
+    aborted = record(client, lambda r: r["state"] == "aborted")
+    assert aborted["assigned"] == {"gw1": 0} and aborted["result"] == {"gw1": "failed"}
+    entry = reported(client, "gw1", lambda m: m["state"] == "failed")["models"][MODEL]
+    assert entry["error"]["code"] == "gate" and entry["rejected"][-1]["serial"] == 2
+    assert desired_revs(client, "gw2") == [] and desired_revs(client, "gw3") == []
+    assert desired_revs(client, "gw1") == [1, 2]
+    restored = json.loads(client.on(DESIRED + "gw1")[-1].payload)
+    assert restored["models"] == {}  # gw1 had no entry before: the rollout's is taken away
+    assert "gw1: failed gate" in out.getvalue() and "gw1: desired entry removed (rev 2)" in out.getvalue()
+    assert {node: serving(client, node) for node in NODES} == before
+
+
+def _controller_process(broker, url: str, log) -> subprocess.Popen:
+    call = (f"c.rollout(c.RolloutOptions({broker.address!r}, {MODEL!r}, {url!r}, 2, waves='1,2,100%', "
+            f"wave_timeout_s={WAVE_TIMEOUT_S}), sys.stdout)")
+    code = f"import sys\nfrom daemon.fleet import controller as c\nsys.exit({call})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+
+
+def test_a_controller_killed_mid_rollout_resumes_and_assigns_no_node_twice(site, fleet, broker, client, tmp_path):
+    url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    traffic = Traffic(client, fleet)
+    try:
+        first = _controller_process(broker, url, tmp_path / "first.log")
+        record(client, lambda r: r["result"].get("gw1") == "active")
+        first.kill()
+        assert first.wait(WAIT_S) == -9, (tmp_path / "first.log").read_text()
+        out = io.StringIO()
+        code = controller.rollout(options(broker, url, 2), out)
+    finally:
+        traffic.stop()
+    assert code == 0, (tmp_path / "first.log").read_text() + out.getvalue()
+    assert "resuming the rollout" in out.getvalue()
+    done = record(client, lambda r: r["state"] == "completed")
+    assert done["assigned"] == {"gw1": 0, "gw2": 1, "gw3": 2} and done["revs"] == {node: 1 for node in NODES}
+    assert {node: desired_revs(client, node) for node in NODES} == {node: [1] for node in NODES}
+    assert_all_active(client, 2)
+
+
+def test_a_rollout_rides_out_a_broker_restart_and_the_daemons_come_back(site, fleet, broker, client):
+    url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    traffic = Traffic(client, fleet)
+    result: dict = {}
+
+    def run() -> None:
+        out = io.StringIO()
+        result["code"] = controller.rollout(options(broker, url, 2), out)
+        result["out"] = out.getvalue()
+
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        record(client, lambda r: "gw2" in r["revs"])  # wave 2 assigned: gw1 active, gw2 on its way
+        broker.stop()  # SIGTERM: mosquitto saves its retained documents (persistence is on)
+        broker.start()
+        thread.join(WAVE_TIMEOUT_S * 3)
+    finally:
+        traffic.stop()
+    assert result.get("code") == 0, result
+    done = record(client, lambda r: r["state"] == "completed")
+    assert done["revs"] == {node: 1 for node in NODES} and done["result"] == {node: "active" for node in NODES}
+    assert_all_active(client, 2)
+    for node in NODES:
+        assert len(serving(client, node)) == 1  # each daemon answers again, with one model
