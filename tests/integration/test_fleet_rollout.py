@@ -43,15 +43,20 @@ def site(tmp_path):
 
 @pytest.fixture
 def fleet(site, start_daemon, client, tmp_path):
-    """The three daemons, each online and with its first reported document in; the client follows
-    the record and every desired document from before the rollout."""
-    client.subscribe(RECORD)
-    client.subscribe(DESIRED + "+")
-    for node in NODES:
-        start_daemon(site.config(tmp_path / node, client_id=node), wait_online=client, client_id=node)
-    for node in NODES:
-        reported(client, node, lambda m: True)
-    return NODES
+    """start(**settings): the three daemons (`settings[node]`: that node's fleet section overrides),
+    each online and with its first reported document in; the client follows the record and every
+    desired document from before the rollout."""
+    def start(**settings: dict) -> list[str]:
+        client.subscribe(RECORD)
+        client.subscribe(DESIRED + "+")
+        for node in NODES:
+            config = site.config(tmp_path / node, client_id=node, **settings.get(node, {}))
+            start_daemon(config, wait_online=client, client_id=node)
+        for node in NODES:
+            reported(client, node, lambda m: True)
+        return NODES
+
+    return start
 
 
 def options(broker, url: str, serial: int, **changes) -> RolloutOptions:
@@ -87,8 +92,9 @@ def assert_all_active(client: Client, serial: int) -> None:
 
 
 def test_a_good_release_rolls_out_to_three_real_nodes_and_status_lists_them(site, fleet, broker, client):
+    fleet()
     url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
-    traffic = Traffic(client, fleet)
+    traffic = Traffic(client, NODES)
     out = io.StringIO()
     started = time.monotonic()
     try:
@@ -114,6 +120,7 @@ def test_a_good_release_rolls_out_to_three_real_nodes_and_status_lists_them(site
 
 def test_a_release_the_gate_refuses_stops_on_the_first_wave_and_every_node_serves_the_old_one(site, fleet, broker,
                                                                                               client):
+    fleet()
     before = {node: serving(client, node) for node in NODES}
     url = site.release(2, "1.1.0", labels=permuted(ACTIVITY / "labels.txt"))
     out = io.StringIO()
@@ -139,8 +146,9 @@ def _controller_process(broker, url: str, log) -> subprocess.Popen:
 
 
 def test_a_controller_killed_mid_rollout_resumes_and_assigns_no_node_twice(site, fleet, broker, client, tmp_path):
+    fleet()
     url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
-    traffic = Traffic(client, fleet)
+    traffic = Traffic(client, NODES)
     try:
         first = _controller_process(broker, url, tmp_path / "first.log")
         record(client, lambda r: r["result"].get("gw1") == "active")
@@ -159,8 +167,11 @@ def test_a_controller_killed_mid_rollout_resumes_and_assigns_no_node_twice(site,
 
 
 def test_a_rollout_rides_out_a_broker_restart_and_the_daemons_come_back(site, fleet, broker, client):
+    # gw2 activates by hand (`activation: manual`): it waits staged, so the restart is mid-rollout
+    # however fast the machine, as fake_node's hold_at does for the scripted nodes.
+    fleet(gw2={"activation": "manual"})
     url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
-    traffic = Traffic(client, fleet)
+    traffic = Traffic(client, NODES)
     result: dict = {}
 
     def run() -> None:
@@ -171,13 +182,17 @@ def test_a_rollout_rides_out_a_broker_restart_and_the_daemons_come_back(site, fl
     thread = threading.Thread(target=run, daemon=True)
     try:
         thread.start()
-        record(client, lambda r: "gw2" in r["revs"])  # wave 2 assigned: gw1 active, gw2 on its way
-        broker.stop()  # SIGTERM: mosquitto saves its retained documents (persistence is on)
+        reported(client, "gw2", lambda m: m["state"] == "staged" and m["staged"] == 2)
+        broker.stop()  # SIGTERM: mosquitto saves its retained documents and the sessions (persistence is on)
         broker.start()
+        # QoS 1, not waited for: paho keeps it until the test client has reconnected, and the broker
+        # keeps it in gw2's persistent session until the daemon has.
+        client.c.publish("edge-inferd/gw2/fleet/cmd", json.dumps({"cmd": "install", "model": MODEL}), qos=1)
         thread.join(WAVE_TIMEOUT_S * 3)
     finally:
         traffic.stop()
     assert result.get("code") == 0, result
+    assert "gw2: staged" in result["out"], result["out"]
     done = record(client, lambda r: r["state"] == "completed")
     assert done["revs"] == {node: 1 for node in NODES} and done["result"] == {node: "active" for node in NODES}
     assert_all_active(client, 2)
