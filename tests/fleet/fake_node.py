@@ -176,11 +176,14 @@ class FakeNode:
 
     def _step(self, **changes) -> None:
         self._entry.update(changes)
-        self._publish()
         state = self._entry["state"]
+        # Recorded before it is published: a controller that has seen the document and returned
+        # may be checked against `states` at once (appended after, a loaded machine showed a
+        # rolled_back answer whose state was not in `states` yet).
         with self.cond:
             self.states.append(state)
             self.cond.notify_all()
+        self._publish()
         if state == self.hold_at and "state" in changes:
             assert self.go.wait(WAIT_S), f"{self.name} held at {state} and never let go"
 
