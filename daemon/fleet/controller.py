@@ -21,7 +21,7 @@ import orjson
 from daemon.fleet import fleet_status, reported_view
 from daemon.fleet.controller_link import ControllerLink, cmd_topic
 from daemon.fleet.record import ABORTED, ABORTING, COMPLETED, LIVE, ON_ABORT, ROLLBACK, RolloutRecord
-from daemon.fleet.rollout import Rollout, apply_on_abort, publish_record, say
+from daemon.fleet.rollout import Rollout, apply_on_abort, publish_record, rollback_answer, say
 from daemon.fleet.waves import WaveError, parse_waves, plan
 
 EXIT_OK = 0
@@ -261,28 +261,14 @@ def rollback(options: RollbackOptions, out: TextIO) -> int:
         for node in nodes:
             link.publish(cmd_topic(node), orjson.dumps({"cmd": "rollback", "model": options.model}), retain=False)
         with link.cond:
-            link.cond.wait_for(lambda: all(_rollback_answer(link, node, before[node], options.model)
+            link.cond.wait_for(lambda: all(rollback_answer(link, node, before[node], options.model)
                                            for node in nodes), options.timeout_s)
-            answers = {node: _rollback_answer(link, node, before[node], options.model) for node in nodes}
+            answers = {node: rollback_answer(link, node, before[node], options.model) for node in nodes}
     finally:
         link.stop()
     for node in nodes:
         say(out, f"{node}: {answers[node] or f'no answer within {options.timeout_s:g} s'}")
     return EXIT_OK if all(a and a.startswith(reported_view.ROLLED_BACK) for a in answers.values()) else EXIT_NOT_DONE
-
-
-def _rollback_answer(link: ControllerLink, node: str, before: int, model: str) -> Optional[str]:
-    """What a reported document sent after the command says (None: nothing yet); under `link.cond`."""
-    if link.reports.get(node, 0) <= before:
-        return None
-    doc = link.reported.get(node) or {}
-    entry = reported_view.model_entry(doc, model)
-    if entry is not None and entry.get("state") == reported_view.ROLLED_BACK:
-        return f"{reported_view.ROLLED_BACK} to serial {entry.get('serial', '?')}"
-    last = doc.get("last_cmd")
-    if isinstance(last, dict) and last.get("cmd") == "rollback" and last.get("ok") is False:
-        return f"refused: {last.get('message', '')}"
-    return None
 
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter

@@ -148,6 +148,7 @@ def test_rollback_sends_a_node_that_went_active_back(broker, nodes, watcher):
     assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 2)["models"] == {}
     first.wait_state("rolled_back")  # no earlier entry to restore: the rollback command sent it back
     assert "gw1: had no earlier desired entry and runs serial 2: sent rollback" in out.getvalue()
+    assert "gw1: rollback: rolled_back to serial 1\n" in out.getvalue()  # the node's answer, waited for
 
 
 def test_a_node_that_never_answers_times_out_and_counts_as_failed(broker, nodes, watcher):
