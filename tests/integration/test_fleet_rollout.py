@@ -226,3 +226,26 @@ def test_an_abort_after_a_node_went_active_says_that_it_refused_rollback(site, f
     assert ("gw1: rollback: refused: model 'activity' has no previous release kept to go back to; "
             "it may still run serial 2") in text, text
     assert text.index("gw1: rollback: refused") < text.index("rollout of activity serial 2 aborted")
+
+
+def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first(site, fleet, broker, client):
+    from daemon.fleet.controller import RollbackOptions
+
+    fleet()
+    first, second = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), site.release(3, "1.2.0")
+    traffic = Traffic(client, NODES)
+    try:
+        for url, serial in ((first, 2), (second, 3)):
+            out = io.StringIO()
+            assert controller.rollout(options(broker, url, serial, waves="100%"), out) == 0, out.getvalue()
+    finally:
+        traffic.stop()
+    done = record(client, lambda r: r["state"] == "completed" and r["serial"] == 3)
+    assert done["previous"] == {node: {"url": first, "serial": 2} for node in NODES}
+    assert {node: desired_revs(client, node) for node in NODES} == {node: [1, 2] for node in NODES}
+    out = io.StringIO()
+    assert controller.rollback(RollbackOptions(broker.address, MODEL), out) == 0, out.getvalue()
+    assert out.getvalue().splitlines() == [f"{node}: rolled_back to serial 2" for node in NODES]
+    for node in NODES:
+        entry = reported(client, node, lambda m: m["state"] == "rolled_back")["models"][MODEL]
+        assert entry["serial"] == 2 and entry["rejected"][-1]["code"] == "operator"
