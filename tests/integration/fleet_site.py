@@ -132,7 +132,6 @@ class Traffic:
     def __init__(self, client: Client, nodes: list[str], batch: int = 20, round_s: float = 5.0):
         self.client, self.nodes, self.batch, self.round_s = client, nodes, batch, round_s
         self._stop = threading.Event()
-        self.rounds = 0
         for node in nodes:
             client.subscribe(results_topic(node))
         self._payloads = activity_payloads(batch)
@@ -143,19 +142,15 @@ class Traffic:
         while not self._stop.is_set():
             with self.client.cond:
                 before = {node: len(self.client.on(results_topic(node))) for node in self.nodes}
-            try:
-                for node in self.nodes:
-                    for payload in self._payloads:
-                        self.client.c.publish(requests_topic(node), payload, qos=1)
-            except (RuntimeError, ValueError):  # paho refuses while its queue is full or the link is down
-                pass
+            for node in self.nodes:  # not waited for: while the broker is away paho keeps them (QoS 1)
+                for payload in self._payloads:
+                    self.client.c.publish(requests_topic(node), payload, qos=1)
 
             def answered() -> bool:
                 return self._stop.is_set() or all(len(self.client.on(results_topic(n))) >= before[n] + self.batch
                                                   for n in self.nodes)
             with self.client.cond:
                 self.client.cond.wait_for(answered, self.round_s)
-            self.rounds += 1
 
     def stop(self) -> None:
         self._stop.set()
