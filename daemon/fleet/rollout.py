@@ -249,7 +249,8 @@ def rollback_answer(link: ControllerLink, node: str, before: int, model: str) ->
     doc = link.reported.get(node) or {}
     entry = reported_view.model_entry(doc, model)
     if entry is not None and entry.get("state") == reported_view.ROLLED_BACK:
-        return f"{reported_view.ROLLED_BACK} to serial {entry.get('serial', '?')}"
+        serial = entry.get("serial")
+        return f"{reported_view.ROLLED_BACK} to " + ("its configured files" if serial is None else f"serial {serial}")
     last = doc.get("last_cmd")
     if isinstance(last, dict) and last.get("cmd") == "rollback" and last.get("ok") is False:
         return f"refused: {last.get('message', '')}"

@@ -200,11 +200,11 @@ def test_a_rollout_rides_out_a_broker_restart_and_the_daemons_come_back(site, fl
         assert len(serving(client, node)) == 1  # each daemon answers again, with one model
 
 
-def test_an_abort_after_a_node_went_active_says_that_it_refused_rollback(site, fleet, broker, client):
+def test_an_abort_after_a_node_went_active_sends_it_back_to_its_configured_files(site, fleet, broker, client):
     """gw1 goes active on the fleet's first release, gw2 fails in wave 2: on_abort rollback takes
-    gw1's desired entry away and sends it `rollback`, which a real node refuses (its first release
-    replaced the configured files: nothing kept to go back to). The scripted nodes always kept a
-    serial 1; here the controller must say that gw1 still runs the release."""
+    gw1's desired entry away and sends it `rollback`; its first release replaced the configured
+    files, which is where it goes back to (no release was kept before it), and the controller
+    says so before it calls the rollout aborted."""
     from daemon.fleet import minisign
 
     fleet(gw2={"trusted_keys": [minisign.generate().public_key.line]})  # gw2 trusts another key: untrusted_key
@@ -220,12 +220,12 @@ def test_an_abort_after_a_node_went_active_says_that_it_refused_rollback(site, f
     assert aborted["result"] == {"gw1": "active", "gw2": "failed"} and "gw3" not in aborted["assigned"]
     doc = client.wait_json_until("edge-inferd/gw1/fleet/reported",
                                  lambda d: (d["last_cmd"] or {}).get("cmd") == "rollback")
-    assert doc["last_cmd"]["ok"] is False and doc["models"][MODEL]["serial"] == 2
+    assert doc["last_cmd"]["ok"] is True and doc["models"][MODEL]["serial"] is None
+    assert doc["models"][MODEL]["state"] == "rolled_back"
     text = out.getvalue()
     assert "gw1: had no earlier desired entry and runs serial 2: sent rollback" in text, text
-    assert ("gw1: rollback: refused: model 'activity' has no previous release kept to go back to; "
-            "it may still run serial 2") in text, text
-    assert text.index("gw1: rollback: refused") < text.index("rollout of activity serial 2 aborted")
+    assert "gw1: rollback: rolled_back to its configured files" in text, text
+    assert text.index("gw1: rollback: rolled_back") < text.index("rollout of activity serial 2 aborted")
 
 
 def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first(site, fleet, broker, client):
