@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from daemon.config.check import interface_problems
 from daemon.config.schema import Config
@@ -118,7 +118,3 @@ def _progress(set_state: Callable[..., None], before: int, total: int) -> Callab
     def progress(done: int, _size: int) -> None:
         set_state("downloading", progress={"bytes": before + done, "total": total})
     return progress
-
-
-def cancelled(event: Optional[threading.Event]) -> bool:
-    return event is not None and event.is_set()

@@ -107,13 +107,6 @@ def claim_on(data: Path, metric: str, value: float) -> Claim:
     return Claim(file_sha256(data), metric, value)
 
 
-def copy_model(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in ("model.tflite", "labels.txt"):
-        shutil.copy(src / name, dst / name)
-    return dst
-
-
 def requests_topic(node: str) -> str:
     """The activity route's request topic of `Site.config(..., client_id=node)` (one device)."""
     return f"sensors/{node}/dev1/imu"

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from daemon.fleet import minisign
-from tests.integration.conftest import ROOT, Client, activity_payloads, burst
+from tests.integration.conftest import Client, activity_payloads, burst
 from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, GUNPOINT, Site, claim_on, desire, permuted,
                                           reported, skewed_payloads)
 
