@@ -6,7 +6,6 @@ node config with the activity model managed. Real parts throughout: the daemon, 
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from pathlib import Path
 from typing import Optional
