@@ -31,6 +31,7 @@ from daemon.config import drift as config_drift  # noqa: E402
 from daemon.config import escalate as config_cascade  # noqa: E402
 from daemon.config import fleet as config_fleet  # noqa: E402
 from daemon.config import homeassistant as config_ha  # noqa: E402
+from daemon.config import http as config_http  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
@@ -114,7 +115,7 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "reuse",
-                                                                                    "drift", "homeassistant", "fleet"))
+                                                                                    "drift", "homeassistant", "http", "fleet"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
 
@@ -151,6 +152,9 @@ SECTIONS = (
             "`edge_inferd_drift_psi`."),
     Section("homeassistant", config_ha.HomeAssistantConfig, "homeassistant",
             "Home Assistant MQTT discovery (docs/homeassistant.md): what Home Assistant is told, and when."),
+    Section("http", config_http.HttpConfig, "http", "The Open Inference Protocol (KServe v2 REST) and the routes' "
+            "own payloads over HTTP, beside MQTT (docs/http.md). Off by default (`port: null`)."),
+    Section("http.tls", config_http.HttpTlsConfig, None, "Set to serve HTTPS."),
     Section("fleet", config_fleet.FleetConfig, "fleet", "Model delivery to this node from signed releases "
             "(docs/fleet.md): desired and reported state over MQTT, a gate on this node's data, a canary on live "
             "traffic, rollback. Off by default; a model takes part with `models.NAME.managed: true`."),

@@ -42,8 +42,22 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
         check_escalate(r, config, m, p, route)
     _check_homeassistant(r, config)
     _check_fleet(r, config)
+    _check_http(r, config)
     if check_models:
         _check_models(r, config)
+
+
+def _check_http(r: Reader, config: Config) -> None:
+    """One listener per port: worker processes would each try to bind it (the supervisor does not
+    share a listening socket yet), and so would the metrics endpoint on the same port."""
+    if not config.http.enabled or not r.ok("http.port"):
+        return
+    raw = _raw_section(r, "http", dict)
+    if config.workers.processes > 1 and r.ok("workers.processes"):
+        r.error(raw, "port", "http", f"needs workers.processes 1 (got {config.workers.processes}): each worker "
+                "process would bind the same port")
+    if config.metrics.port == config.http.port and r.ok("metrics.port"):
+        r.error(raw, "port", "http", f"{config.http.port} is metrics.port too: give the listener its own port")
 
 
 def _check_homeassistant(r: Reader, config: Config) -> None:

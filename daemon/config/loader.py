@@ -21,6 +21,7 @@ from daemon.config.drift import read_drift
 from daemon.config.escalate import read_escalate
 from daemon.config.fleet import FleetConfig, current_release, read_fleet
 from daemon.config.homeassistant import read_homeassistant
+from daemon.config.http import read_http
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
@@ -58,7 +59,7 @@ def _line_of(error: str) -> int:
 def _read_config(r: Reader, base: Path, path: Path) -> Config:
     root = r.section(r.raw, "", ("mqtt", "runtime", "xnnpack", "models", "routes", "cache", "workers",
                                          "batching", "stats_interval_s", "metrics", "drift",
-                                         "homeassistant", "fleet"), required=True)
+                                         "homeassistant", "http", "fleet"), required=True)
     if not isinstance(r.raw, dict):  # an empty file, or a list: nothing else to read
         raise ConfigError(r.errors)
     runtime = r.get(root, "runtime", "", str, "auto", choices=RUNTIME_CHOICES)
@@ -76,6 +77,7 @@ def _read_config(r: Reader, base: Path, path: Path) -> Config:
         metrics=_read_metrics(r, r.section(root, "metrics", MetricsConfig)),
         drift=read_drift(r, root),
         homeassistant=read_homeassistant(r, root),
+        http=read_http(r, root, base),
         fleet=fleet,
         source=path,
     )

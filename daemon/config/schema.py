@@ -16,6 +16,7 @@ from daemon.config.drift import DriftConfig
 from daemon.config.escalate import EscalateConfig
 from daemon.config.fleet import FleetConfig
 from daemon.config.homeassistant import HomeAssistantConfig
+from daemon.config.http import HttpConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
 from daemon.errors import ConfigError
@@ -241,6 +242,9 @@ class Config:
     """Watching each route's answers against a reference (`drift` below, docs/drift.md)."""
     homeassistant: HomeAssistantConfig = HomeAssistantConfig()
     """Home Assistant MQTT discovery (`homeassistant` below); off by default."""
+    http: HttpConfig = HttpConfig()
+    """The Open Inference Protocol (KServe v2) over HTTP beside MQTT (`http` below, docs/http.md);
+    off by default."""
     fleet: FleetConfig = FleetConfig()
     """Model delivery to this node: signed releases, desired and reported state (`fleet` below,
     docs/fleet.md); off by default."""
