@@ -13,6 +13,7 @@ loaded pinned to those digests after it, so a file swapped again in between is r
 - routes, workers, batching, drift, the broker or `homeassistant` changed: an ordered restart from the first
   affected start-up step (intake closes, the workers drain while MQTT still carries their
   replies, the persistent session holds what arrives meanwhile);
+- only `http` changed: the listener is restarted (its requests in flight answered first);
 - `metrics` changed: only a restart of the daemon can rebind the endpoint (logged).
 On any failure the running config and models keep serving; the error is logged and counted.
 """
@@ -81,6 +82,8 @@ def plan(old: Config, new: Config, loaded: Mapping[str, tuple[str, str]]) -> Pla
           new.fleet) != (old.routes, old.workers, old.batching, old.mqtt, old.stats_interval_s, old.drift,
                          old.homeassistant, old.fleet):
         restart_from = StepName.SERVING
+    elif new.http != old.http:
+        restart_from = StepName.HTTP
     ignored = ("metrics",) if new.metrics != old.metrics else ()
     return Plan(changed, restart_from, digests, ignored)
 

@@ -60,6 +60,10 @@ STALL_LIMIT_PINGS = 1
 STALL_LIMIT_S = 30.0
 # The main loop looks for idle models at least this far apart (a copy busy past its idle time).
 IDLE_CHECK_MIN_S = 0.05
+# A model's version over HTTP: its sha256 prefix, as replies' `model_sha256`.
+MODEL_VERSION_CHARS = 12
+
+
 class Service:
     def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
                  reread: Optional[Callable[[], Config]] = None, notifier: Optional[Notifier] = None):
@@ -79,6 +83,7 @@ class Service:
         self._serving: Optional[wiring.Serving] = None
         self._link: Optional[MqttLink] = None
         self.watch = ModelWatch() if config.fleet.enabled else None  # each release's answers, for the canary
+        self._http = None  # the HTTP listener (daemon/lifecycle/http.py), while the HTTP step runs
         self._agent = None  # the fleet agent (daemon/fleet/agent.py), while the FLEET step runs
         self._devices: Optional[DiscoveredDevices] = None  # Home Assistant discovery; kept across reloads
         self._rate = stats_topic.RequestRate()
@@ -96,6 +101,7 @@ class Service:
             Step(StepName.METRICS, self._serve_metrics),
             Step(StepName.INTAKE, lambda: self._link.open_intake(), lambda: self._link.close_intake()),
             Step(StepName.FLEET, self._start_fleet, self._stop_fleet),
+            Step(StepName.HTTP, self._start_http, self._stop_http),
         ]
 
     def run(self) -> None:
@@ -210,6 +216,9 @@ class Service:
         drift = self.drift.snapshot()  # the PSIs are computed here, not per answer (daemon/obs/drift.py)
         if drift:
             stats["drift"] = stats_topic.rounded(drift)
+        http = self.stats.http_counts()
+        if http:  # the HTTP listener's requests by route ("" for none named) and status
+            stats["http"] = http
         if self._devices is not None and self._devices.enabled:  # Home Assistant discovery's bounded count
             stats["homeassistant"] = self._devices.snapshot()
         return stats
@@ -355,6 +364,25 @@ class Service:
 
     def _disconnect(self) -> None:
         self._link.stop()
+
+    def _start_http(self) -> None:
+        if self.config.http.enabled:  # imported only when on
+            from daemon.lifecycle import http
+
+            self._http = http.open_listener(self.config, self._serving, self._link, self.stats,
+                                            lambda model: self._models[model].sha256[:MODEL_VERSION_CHARS])
+
+    def _stop_http(self) -> None:
+        if self._http is not None:
+            from daemon.lifecycle import http
+
+            http.stop_listener(self._http, self.config)
+            self._http = None
+
+    @property
+    def http_port(self) -> Optional[int]:
+        """The HTTP listener's bound port (http.port 0 binds a free one), or None while it is off."""
+        return self._http.port if self._http is not None else None
 
     def _start_fleet(self) -> None:
         if self.config.fleet.enabled:

@@ -55,6 +55,11 @@ class StatsCollector:
         for (route, outcome), n in sorted(h["outcomes"].items()):
             requests.add_metric([route, outcome], n)
         yield requests
+        http = CounterMetricFamily(f"{PREFIX}_http_requests", "HTTP listener requests (http.port), by route "
+                                   "(empty: none named) and status code", labels=["route", "code"])
+        for (route, status), n in sorted(h.get("http", {}).items()):
+            http.add_metric([route, str(status)], n)
+        yield http
         yield _histogram(f"{PREFIX}_request_duration_seconds", "Receipt to reply of results", h["duration"])
         stages = HistogramMetricFamily(f"{PREFIX}_stage_seconds", "Time per stage (queue wait per request; "
                                        "the others per batch)", labels=["stage"])

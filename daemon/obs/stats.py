@@ -48,6 +48,7 @@ class Stats:
         self._batches = Histogram(BATCH_BUCKETS)
         self._outcomes: Counter[tuple[str, str]] = Counter()  # (route, result | error code)
         self._duration = Histogram(STAGE_BUCKETS_S)  # end-to-end seconds of results
+        self._http: Counter[tuple[str, int]] = Counter()  # (route, HTTP status): the listener's requests
 
     def incr(self, name: str, n: int = 1) -> None:
         try:
@@ -77,10 +78,25 @@ class Stats:
             for ms in latencies_ms:
                 self._duration.add(ms / _MS)
 
-    def histograms(self) -> dict:
-        """Copies for an exporter: outcomes by (route, outcome), request duration, stages, batch size."""
+    def count_http(self, route: str, status: int) -> None:
+        """One HTTP request answered (daemon/transport/http_server.py): its route ("" for none) and status."""
         with self._lock:
-            return {"outcomes": dict(self._outcomes), "duration": self._duration.copy(),
+            self._http[(route, status)] += 1
+
+    def http_counts(self) -> dict:
+        """{route: {status: n}} of the HTTP listener's requests ({} while it served none)."""
+        with self._lock:
+            pairs = list(self._http.items())
+        out: dict = {}
+        for (route, status), n in sorted(pairs):
+            out.setdefault(route, {})[str(status)] = n
+        return out
+
+    def histograms(self) -> dict:
+        """Copies for an exporter: outcomes by (route, outcome), request duration, stages, batch size,
+        HTTP requests by (route, status)."""
+        with self._lock:
+            return {"outcomes": dict(self._outcomes), "duration": self._duration.copy(), "http": dict(self._http),
                     "stages": {name: h.copy() for name, h in self._stages.items()}, "batch": self._batches.copy()}
 
     def observe_stage(self, stage: str, seconds: float) -> None:

@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_start_up_connects_before_the_workers_start_so_shutdown_drains_them_before_disconnecting():
     service = Service(load_config(ROOT / "config.yaml"))
     names = [s.name for s in service.steps()]
-    assert names == ["models", "cache", "serving", "mqtt", "workers", "metrics", "intake", "fleet"]
+    assert names == ["models", "cache", "serving", "mqtt", "workers", "metrics", "intake", "fleet", "http"]
     stopping = [s.name for s in reversed(service.steps()) if s.stop is not None]
-    # replies still have a connection to leave by; the fleet agent, which swaps models, goes first
-    assert stopping == ["fleet", "intake", "workers", "mqtt", "cache"]
+    # replies still have a connection to leave by; the HTTP listener goes first (workers still answer
+    # its requests in flight), then the fleet agent, which swaps models
+    assert stopping == ["http", "fleet", "intake", "workers", "mqtt", "cache"]
 
 
 def test_signals_are_only_queued_and_a_second_sigint_forces_the_exit():
