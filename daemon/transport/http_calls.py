@@ -23,6 +23,9 @@ from typing import Callable, Optional, Sequence
 from daemon.transport.inbound import Inbound
 
 HTTP_PREFIX = "$http/"  # reply topics of HTTP requests: never published (a `$` topic is the broker's)
+# How an error reply's bytes read (serve/replies.py encodes `{"id", "route", "error": {...}}` with
+# orjson): inside a JSON string a quote is escaped, so no label or id can contain this.
+ERROR_MARK = b',"error":{'
 
 
 class _Call:
@@ -37,11 +40,13 @@ class _Call:
         self.done = threading.Event()
 
     def put(self, index: int, payload: bytes) -> None:
+        """One row's reply; the call is done once all are in, or at the first error (the request
+        as a whole is answered with it, so waiting for the other rows would only delay that)."""
         with self._lock:
             if self.replies[index] is None:
                 self.replies[index] = payload
                 self._left -= 1
-                if self._left == 0:
+                if self._left == 0 or ERROR_MARK in payload:
                     self.done.set()
 
 
@@ -77,7 +82,7 @@ class Calls:
         finally:
             for inbound in inbounds:
                 self._pending.pop(-inbound.mid, None)
-        return call.replies if done else None
+        return call.replies if done else None  # at an early error some rows may be None
 
     def deliver(self, inbound: Inbound, payload: bytes) -> None:
         """A reply to an HTTP request, from whichever thread made it."""

@@ -28,6 +28,7 @@ RETRY_AFTER_S = "1"
 MAX_DEVICE_CHARS = 128
 DEVICE_HEADER = "X-Device"  # names the device (the route filter's wildcard levels); default: the client's address
 JSON = "application/json"
+BINARY_HEADER = "Inference-Header-Content-Length"  # the v2 binary tensor extension
 SERVER_NAME = "edge-inferd"
 TIMEOUT = "timeout"
 # A reply's error code -> the status it is answered with.
@@ -56,6 +57,9 @@ class Handler(BaseHTTPRequestHandler):
     timeout = IDLE_TIMEOUT_S
     server_version = SERVER_NAME
     sys_version = ""
+    # What a request line too broken to name its version gets: the stdlib's HTTP/0.9 would send the
+    # error without a status line or headers, which no client of ours could read.
+    default_request_version = "HTTP/1.0"
 
     def setup(self) -> None:
         super().setup()
@@ -166,20 +170,19 @@ class Handler(BaseHTTPRequestHandler):
         """Serve one request through intake: the v2 JSON's rows, or the route's own payload as sent."""
         timeout_s = self.listener.config.request_timeout_ms / 1000.0
         body = self._body(started + timeout_s)
-        request_id: Any = None
+        request = v2_codec.Infer(None, [body], None)
         if v2:
             try:
-                request_id, payloads = v2_codec.parse_infer(body, route.config)
+                request = v2_codec.parse_infer(body, route.config, self._header_length())
             except v2_codec.V2Error as exc:
                 raise Answer(400, exc.code, str(exc), request_id=exc.request_id) from None
-        else:
-            payloads = [body]
+        request_id = request.request_id
         topic = self._topic(route.config)
-        replies = self.listener.calls.serve(topic, payloads, started, timeout_s)
+        replies = self.listener.calls.serve(topic, request.payloads, started, timeout_s)
         if replies is None:
             raise Answer(504, TIMEOUT, f"no answer within http.request_timeout_ms "
                          f"({self.listener.config.request_timeout_ms:g})", request_id=request_id)
-        decoded = [orjson.loads(r) for r in replies]
+        decoded = [orjson.loads(r) for r in replies if r is not None]
         failed = next((d for d in decoded if d.get("error")), None)
         status = STATUS_OF.get(failed["error"]["code"], 500) if failed else 200
         if not v2:
@@ -187,7 +190,17 @@ class Handler(BaseHTTPRequestHandler):
         if failed:
             return self._send(status, v2_codec.error_body(failed["error"]["message"], failed["error"]["code"],
                                                           request_id))
-        return self._json(200, v2_codec.infer_response(route.config, request_id, decoded))
+        return self._json(200, v2_codec.infer_response(route.config, request_id, decoded, request.outputs))
+
+    def _header_length(self) -> Optional[int]:
+        """The binary tensor extension's JSON length (tritonclient's default), or None: all JSON."""
+        value = self.headers.get(BINARY_HEADER)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise Answer(400, v2_codec.BAD_REQUEST, f"{BINARY_HEADER} must be an integer, got {value!r}") from None
 
     def _body(self, deadline: float) -> bytes:
         """The request's body by its Content-Length, all of it before `deadline` (else 408)."""

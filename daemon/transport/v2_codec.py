@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import orjson
@@ -50,8 +50,21 @@ def route_datatype(route: RouteConfig) -> str:
     return DATATYPE_OF[route.input.dtype]
 
 
-def parse_infer(body: bytes, route: RouteConfig) -> tuple[Any, list[bytes]]:
-    """(the request's id, one payload per row) of a v2 infer request for `route`."""
+class Infer(NamedTuple):
+    request_id: Any
+    payloads: list  # one per row, in the route's own format
+    outputs: Optional[tuple]  # the output names asked for; None: all of them
+
+
+def parse_infer(body: bytes, route: RouteConfig, header_length: Optional[int] = None) -> Infer:
+    """A v2 infer request for `route`. `header_length` (the `Inference-Header-Content-Length`
+    header): the binary tensor extension, the JSON being the body's first bytes and the tensor's
+    data (`parameters.binary_data_size`) the rest, as tritonclient sends it by default."""
+    binary = b""
+    if header_length is not None:
+        if not 0 <= header_length <= len(body):
+            raise V2Error(f"Inference-Header-Content-Length {header_length} is past the body's {len(body)} bytes")
+        body, binary = body[:header_length], body[header_length:]
     try:
         request = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -65,11 +78,28 @@ def parse_infer(body: bytes, route: RouteConfig) -> tuple[Any, list[bytes]]:
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise V2Error("\"inputs\" must be a list of exactly one tensor", request_id=request_id)
-    rows = _rows(inputs[0], route, request_id)
-    return request_id, [_payload(row, route, request_id, len(rows)) for row in rows]
+    rows = _rows(inputs[0], route, request_id, binary)
+    return Infer(request_id, [_payload(row, route, request_id, len(rows)) for row in rows],
+                 _asked(request.get("outputs"), route, request_id))
 
 
-def _rows(tensor: dict, route: RouteConfig, request_id: Any) -> np.ndarray:
+def _asked(outputs: Any, route: RouteConfig, request_id: Any) -> Optional[tuple]:
+    """The names in the request's "outputs" (each must be one the route answers), or None: all."""
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                                 for o in outputs):
+        raise V2Error("\"outputs\" must be a list of {\"name\": ...}", request_id=request_id)
+    names = tuple(o["name"] for o in outputs)
+    known = {o["name"] for o in model_metadata(route, "")["outputs"]}
+    unknown = [n for n in names if n not in known] if known else []
+    if unknown:
+        raise V2Error(f"route {route.name!r} has no output {unknown[0]!r} (it has: {', '.join(sorted(known))})",
+                      request_id=request_id)
+    return names
+
+
+def _rows(tensor: dict, route: RouteConfig, request_id: Any, binary: bytes) -> np.ndarray:
     """The tensor's data as (N, *route shape), in the numpy type of its datatype."""
     shape, datatype, data = tensor.get("shape"), tensor.get("datatype"), tensor.get("data")
     want = tuple(route.input.shape)
@@ -87,19 +117,36 @@ def _rows(tensor: dict, route: RouteConfig, request_id: Any) -> np.ndarray:
     if datatype not in allowed:
         raise V2Error(f"route {route.name!r} takes datatype {' or '.join(allowed) if len(allowed) < 3 else 'FP32'}"
                       f", got {datatype!r}", request_id=request_id)
-    if not isinstance(data, list):
-        raise V2Error("the input's \"data\" must be a list of numbers (flat or nested)", request_id=request_id)
-    try:
-        array = np.asarray(data, dtype=NUMPY_OF[datatype])
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise V2Error(f"the input's \"data\" are not {datatype} numbers in a regular shape: {exc}",
-                      request_id=request_id) from None
+    array = _binary(tensor, datatype, binary, request_id) if binary else _listed(data, datatype, request_id)
     if array.size != n * math.prod(want):
         raise V2Error(f"the input's \"data\" hold {array.size} values; shape {shape} takes {n * math.prod(want)}",
                       code="bad_shape", request_id=request_id)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise V2Error("the input's \"data\" must be finite numbers", request_id=request_id)
     return array.reshape((n, *want))
+
+
+def _listed(data: Any, datatype: str, request_id: Any) -> np.ndarray:
+    if not isinstance(data, list):
+        raise V2Error("the input's \"data\" must be a list of numbers (flat or nested)", request_id=request_id)
+    try:
+        return np.asarray(data, dtype=NUMPY_OF[datatype])
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise V2Error(f"the input's \"data\" are not {datatype} numbers in a regular shape: {exc}",
+                      request_id=request_id) from None
+
+
+def _binary(tensor: dict, datatype: str, binary: bytes, request_id: Any) -> np.ndarray:
+    """The binary extension: the tensor's bytes, little-endian, all that follows the JSON."""
+    size = (tensor.get("parameters") or {}).get("binary_data_size")
+    if size != len(binary):
+        raise V2Error(f"binary_data_size must be the {len(binary)} bytes after the JSON header, got {size!r}",
+                      request_id=request_id)
+    itemsize = np.dtype(NUMPY_OF[datatype]).itemsize
+    if len(binary) % itemsize:
+        raise V2Error(f"{len(binary)} bytes are not whole {datatype} values", code="bad_shape",
+                      request_id=request_id)
+    return np.frombuffer(binary, dtype=np.dtype(NUMPY_OF[datatype]).newbyteorder("<"))
 
 
 def _payload(row: np.ndarray, route: RouteConfig, request_id: Any, n: int) -> bytes:
@@ -122,11 +169,17 @@ def _tensor(name: str, datatype: str, shape: Sequence[int], data: list) -> dict:
     return {"name": name, "datatype": datatype, "shape": list(shape), "data": data}
 
 
-def infer_response(route: RouteConfig, request_id: Any, replies: Sequence[dict]) -> dict:
-    """The v2 response to N results (no errors among them), outputs by the route's kind."""
+def infer_response(route: RouteConfig, request_id: Any, replies: Sequence[dict],
+                   asked: Optional[tuple] = None) -> dict:
+    """The v2 response to N results (no errors among them), outputs by the route's kind (those
+    `asked` for, in that order, when the request named some)."""
     first = replies[0]
+    outputs = _outputs(route, replies)
+    if asked:
+        by_name = {o["name"]: o for o in outputs}
+        outputs = [by_name[name] for name in asked if name in by_name]
     out: dict = {"model_name": route.name, "model_version": first.get("model_sha256", ""),
-                 "outputs": _outputs(route, replies),
+                 "outputs": outputs,
                  "parameters": {"cached": [bool(r.get("cached")) for r in replies]}}
     if request_id is not None:
         out["id"] = request_id if isinstance(request_id, str) else orjson.dumps(request_id).decode()
