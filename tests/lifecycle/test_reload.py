@@ -51,6 +51,7 @@ def test_a_changed_labels_file_or_model_file_is_a_hot_swap_of_that_model(config)
     (lambda c: replace(c, mqtt=replace(c.mqtt, broker="otherhost:1883")), "serving"),
     (lambda c: replace(c, workers=replace(c.workers, max=c.workers.max + 1)), "serving"),
     (lambda c: replace(c, homeassistant=replace(c.homeassistant, discovery=True)), "serving"),
+    (lambda c: replace(c, http=replace(c.http, port=8000)), "http"),
     (lambda c: replace(c, cache=replace(c.cache, max_mb=1)), "cache"),
     (lambda c: replace(c, xnnpack=not c.xnnpack), "models"),
     (lambda c: replace(c, models={k: v for k, v in c.models.items() if k == "activity"}), "models"),

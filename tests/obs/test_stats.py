@@ -38,3 +38,15 @@ def test_counters_from_many_threads_are_summed_when_read_and_outlive_their_threa
         thread.join()
     stats.incr("devices", 4)
     assert stats.count("received") == 6005 and stats.snapshot()["counts"]["devices"] == 1
+
+
+def test_http_requests_are_counted_by_route_and_status_for_the_stats_and_prometheus():
+    from daemon.obs.prometheus import StatsCollector
+
+    stats = Stats()
+    for route, status in (("a", 200), ("a", 200), ("a", 503), ("", 404)):
+        stats.count_http(route, status)
+    assert stats.http_counts() == {"": {"404": 1}, "a": {"200": 2, "503": 1}}
+    family = next(f for f in StatsCollector(stats, dict).collect() if f.name == "edge_inferd_http_requests")
+    assert {(s.labels["route"], s.labels["code"]): s.value for s in family.samples
+            if s.name.endswith("_total")} == {("", "404"): 1, ("a", "200"): 2, ("a", "503"): 1}
