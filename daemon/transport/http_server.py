@@ -22,6 +22,7 @@ Endpoints (docs/http.md): GET /v2, /v2/health/live, /v2/health/ready, /v2/models
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import socket
 import socketserver
@@ -73,6 +74,9 @@ class HttpListener:
         self._thread.start()
         logger.info("HTTP listener (Open Inference Protocol v2) on %s://%s:%d", "https" if context else "http",
                     self.config.address, self.port)
+        if self._expected is None and not _loopback(self.config.address):
+            logger.warning("HTTP listener on %s without http.token_file: anyone who reaches it can use it",
+                           self.config.address)
 
     def stop(self, timeout_s: float) -> None:
         """No new requests (503, connection closed), then the ones in flight answered, for up to
@@ -102,6 +106,13 @@ class HttpListener:
         with self._idle:
             self._in_flight -= 1
             self._idle.notify_all()
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 class _Server(ThreadingHTTPServer):
@@ -148,6 +159,11 @@ class _Server(ThreadingHTTPServer):
             with self._lock:
                 self._open.discard(request)
             self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection that failed (a TLS handshake, a reset): logged, not printed to stderr as the
+        stdlib does; the listener and every other connection go on."""
+        logger.debug("HTTP connection from %s failed", client_address[0], exc_info=True)
 
     def _refuse(self, request: socket.socket) -> None:
         """Past max_connections: a short 503 from this (the accepting) thread, then closed."""
