@@ -265,4 +265,5 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+        self.wfile.flush()  # one write, now: before stop() may close the connection once we are done
         return status

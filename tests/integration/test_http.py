@@ -203,3 +203,27 @@ def test_a_request_past_its_timeout_gets_504_and_one_past_the_queue_budget_503(t
     daemon.stop()
     counts = daemon.final_stats()["http"]["large"]
     assert counts["504"] == 1 and counts["503"] >= 1 and counts["200"] == 1
+
+
+def test_a_request_in_flight_at_sigterm_is_answered_before_the_rest_stops(tmp_path, client, start_daemon):
+    import threading
+
+    port = free_port()
+    route = {**LARGE_ROUTE, "name": "large"}
+    config = write_config(tmp_path, http={"port": port}, workers={"max": 1}, models=LARGE_MODELS, routes=[route])
+    daemon = start_daemon(config, wait_online=client)
+    _wait_http(port, daemon)
+    with np.load(ROOT / "models/appliance_large/test.npz") as data:
+        x = np.round(data["x"][:64].astype(np.float32), 1)  # ~0.5 s of work
+    body = json.dumps({"id": "inflight", "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                                      "data": x.ravel().tolist()}]}).encode()
+    answers = []
+    sender = threading.Thread(target=lambda: answers.append(_call(port, "POST", "/v2/models/large/infer", body)))
+    sender.start()
+    time.sleep(0.15)  # the request is in the workers' hands
+    daemon.proc.send_signal(15)
+    sender.join(WAIT_S)
+    assert answers and answers[0][0] == 200, answers
+    assert json.loads(answers[0][2])["outputs"][0]["shape"] == [64]
+    assert daemon.stop() == 0
+    assert daemon.log().index("shutdown: http") < daemon.log().index("shutdown: intake")
