@@ -296,3 +296,33 @@ def test_tls_serves_https_with_the_configured_certificate(tmp_path):
         plain.close()
     finally:
         listener.stop(1.0)
+
+
+def test_curl_with_expect_100_continue_gets_its_answer_without_waiting(daemon, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl")
+    service, _ = daemon
+    body = tmp_path / "req.json"
+    body.write_text(json.dumps(v2_body(_activity_rows(1))))  # > 1 KiB: curl sends Expect: 100-continue
+    started = time.monotonic()
+    out = subprocess.run(["curl", "-s", "-H", f"Authorization: Bearer {TOKEN}", "-H", "Content-Type: application/json",
+                          "--data-binary", f"@{body}", f"http://127.0.0.1:{service.http_port}/v2/models/activity/infer"],
+                         capture_output=True, timeout=30, check=True)
+    assert json.loads(out.stdout)["id"] == "r1"
+    assert time.monotonic() - started < 0.9  # curl waits 1 s for a 100 Continue that does not come
+
+
+def test_expect_100_continue_is_answered_at_once(daemon):
+    service, _ = daemon
+    body = json.dumps({"data": _activity_rows(1)[0].tolist()}).encode()
+    s = socket.create_connection(("127.0.0.1", service.http_port))
+    s.settimeout(5)
+    s.sendall(b"POST /routes/activity HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nAuthorization: Bearer " +
+              TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")  # before the body is sent
+    s.sendall(body)
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    s.close()
