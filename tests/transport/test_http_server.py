@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from daemon.config.loader import load_config
 from daemon.config.reader import absolute_paths
@@ -326,3 +328,31 @@ def test_expect_100_continue_is_answered_at_once(daemon):
     s.sendall(body)
     assert s.recv(4096).startswith(b"HTTP/1.1 200")
     s.close()
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.integers(1, 12), pause_s=st.sampled_from([0.0, 0.01, 0.05, 0.3]))
+def test_fuzz_a_body_in_pieces_is_served_when_it_arrives_in_time_else_408(daemon, pieces, pause_s):
+    service, _ = daemon
+    body = json.dumps({"id": "p", "data": _activity_rows(1)[0].tolist()}).encode()
+    s = socket.create_connection(("127.0.0.1", service.http_port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"POST /routes/activity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    cuts = np.linspace(0, len(body), pieces + 1).astype(int)
+    started = time.monotonic()
+    try:
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            time.sleep(pause_s)
+            s.sendall(body[a:b])
+    except OSError:  # the listener gave up on us and closed: the answer is already waiting
+        pass
+    sent_s = time.monotonic() - started
+    s.settimeout(10)
+    answer = s.recv(4096)
+    s.close()
+    if sent_s < TIMEOUT_MS / 1000.0 * 0.5:
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    elif sent_s > TIMEOUT_MS / 1000.0 * 1.5:
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert answer.split(b"\r\n\r\n", 1)[1].startswith(b"{")  # one JSON answer either way
