@@ -19,7 +19,7 @@ class Inbound(NamedTuple):
     received_at: float  # time.monotonic() at receipt
     response_topic: Optional[str] = None
     correlation_data: Optional[bytes] = None
-    expiry_s: Optional[int] = None  # v5 MessageExpiryInterval left when delivered
+    expiry_s: Optional[float] = None  # v5 MessageExpiryInterval left when delivered; an HTTP request's timeout
 
     @property
     def deadline(self) -> Optional[float]:
