@@ -35,6 +35,7 @@ TIMEOUT = "timeout"
 STATUS_OF = {"bad_payload": 400, "bad_shape": 400, v2_codec.BAD_REQUEST: 400, "too_large": 413,
              "rate_limited": 429, "overloaded": 503, "expired": 503, "superseded": 409, "internal": 500}
 SHED = (429, 503)  # answered with Retry-After
+UNAUTHORIZED = 401
 HEALTH = ("v2/health/live", "v2/health/ready")  # no token needed: probes (Kubernetes, systemd, a load balancer)
 
 
@@ -126,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.listener.stopping:
             raise Answer(503, "overloaded", "shutting down", close=True)
         if path not in HEALTH and not self.listener.authorized(self.headers.get("Authorization")):
-            raise Answer(401, "unauthorized", "missing or wrong bearer token (Authorization: Bearer ...)",
+            raise Answer(UNAUTHORIZED, "unauthorized", "missing or wrong bearer token (Authorization: Bearer ...)",
                          close=method != "GET")
         if parts[:1] == ["routes"] and len(parts) == 2:
             return self._infer(self._route(parts[1], method, "POST"), started, v2=False)
@@ -270,6 +271,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if status in SHED:
             self.send_header("Retry-After", RETRY_AFTER_S)
+        elif status == UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", 'Bearer realm="edge-inferd"')  # RFC 6750
         if close:
             self.close_connection = True
             self.send_header("Connection", "close")

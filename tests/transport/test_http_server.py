@@ -170,7 +170,8 @@ def test_the_route_path_answers_the_routes_own_errors_with_their_status(daemon):
 
 def test_every_early_error_has_its_status(daemon):
     service, _ = daemon
-    assert request(service, "GET", "/v2/models/activity", headers={})[0] == 401
+    status, headers, _ = request(service, "GET", "/v2/models/activity", headers={})
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
     assert request(service, "GET", "/v2/models/activity", headers={"Authorization": "Bearer nope"})[0] == 401
     assert request(service, "GET", "/v2/models/nope")[0] == 404
     assert request(service, "POST", "/routes/nope", b"{}")[0] == 404
