@@ -67,7 +67,10 @@ class FakeNode:
         self._client.connect("127.0.0.1", port)
         self._client.loop_start()
         assert self._connected.wait(WAIT_S), f"{name} did not connect"
-        self._publish()
+        # The first report at the broker before the node counts as started: a controller started
+        # right after must find it (a real node's retained report is there long before a rollout;
+        # not waited for, a loaded machine let a rollout start without gw2 and its rollback fail).
+        self._publish().wait_for_publish(WAIT_S)
         self._worker.start()
 
     @property
@@ -187,12 +190,12 @@ class FakeNode:
         if state == self.hold_at and "state" in changes:
             assert self.go.wait(WAIT_S), f"{self.name} held at {state} and never let go"
 
-    def _publish(self) -> None:
+    def _publish(self) -> paho.MQTTMessageInfo:
         doc = {"node": self.name, "groups": self.groups, "rev": {"node": self._rev},
                "uptime_s": round(time.monotonic() - self._started, 1), "models": {self.model: dict(self._entry)},
                "last_cmd": self._last_cmd, "time": time.time()}
         # Not waited for: while the broker is away paho keeps it and sends it after reconnecting.
-        self._client.publish(f"edge-inferd/{self.name}/fleet/reported", json.dumps(doc), qos=QOS, retain=True)
+        return self._client.publish(f"edge-inferd/{self.name}/fleet/reported", json.dumps(doc), qos=QOS, retain=True)
 
 
 def _target(entry: dict) -> dict:
