@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from daemon.config.loader import load_config
-from daemon.config.reader import absolute_paths
-from daemon.errors import ConfigError
+from tests.config.example import config_errors, example_config
 from daemon.fleet import minisign
 from daemon.fleet.publish import make_release
 from daemon.fleet.store import ModelStore
@@ -21,20 +20,10 @@ KEY = minisign.generate()
 
 
 def _config(tmp_path: Path, fleet: dict, managed: object = True, **more) -> Path:
-    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
-    raw["models"]["activity"]["managed"] = managed
-    raw["fleet"] = fleet
-    raw.update(more)
-    absolute_paths(raw, ROOT)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
+    def manage(raw: dict) -> None:
+        raw["models"]["activity"]["managed"] = managed
 
-
-def _errors(path: Path) -> str:
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, check_models=False)
-    return "\n".join(caught.value.errors)
+    return example_config(tmp_path, manage, fleet=fleet, **more)
 
 
 def test_the_fleet_is_off_by_default_and_documented_defaults_hold():
@@ -69,12 +58,12 @@ def test_a_key_line_is_kept_and_a_pub_file_is_made_absolute(tmp_path):
     ({"enabled": True, "trusted_keys": ["k.pub"]}, "yes", "models.activity.managed: must be"),
 ])
 def test_each_mistake_is_named_by_its_key(tmp_path, fleet, managed, words):
-    assert words in _errors(_config(tmp_path, {**fleet, "store_dir": str(tmp_path / "store")}, managed))
+    assert words in config_errors(_config(tmp_path, {**fleet, "store_dir": str(tmp_path / "store")}, managed))
 
 
 def test_worker_processes_are_refused_with_the_fleet(tmp_path):
     path = _config(tmp_path, {"enabled": True, "trusted_keys": ["k.pub"]}, workers={"processes": 2})
-    assert "fleet.enabled: needs workers.processes 1 (got 2)" in _errors(path)
+    assert "fleet.enabled: needs workers.processes 1 (got 2)" in config_errors(path)
 
 
 def test_a_managed_model_with_a_pin_is_refused(tmp_path):
@@ -82,7 +71,7 @@ def test_a_managed_model_with_a_pin_is_refused(tmp_path):
     raw = yaml.safe_load(path.read_text())
     raw["models"]["activity"]["sha256"] = "0" * 64
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    assert "models.activity.sha256: a managed model is pinned by its release's signed manifest" in _errors(path)
+    assert "models.activity.sha256: a managed model is pinned by its release's signed manifest" in config_errors(path)
 
 
 def test_a_managed_model_serves_the_current_release_pinned_to_its_manifest(tmp_path):

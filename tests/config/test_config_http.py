@@ -4,30 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-import yaml
 
 from daemon.config.loader import load_config
-from daemon.config.reader import absolute_paths
-from daemon.errors import ConfigError
+from tests.config.example import config_errors, example_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "a-token-long-enough-0123"
 
 
 def _config(tmp_path: Path, http: object, **more) -> Path:
-    raw = absolute_paths(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT)
-    raw["http"] = http
-    raw.update(more)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def _errors(path: Path) -> str:
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, check_models=False)
-    return "\n".join(caught.value.errors)
+    return example_config(tmp_path, http=http, **more)
 
 
 def test_the_listener_is_off_by_default_and_documented_defaults_hold():
@@ -46,7 +32,7 @@ def test_a_token_file_is_read_relative_to_the_config_and_never_shown(tmp_path):
 
 def test_every_mistake_is_named_by_its_key_path(tmp_path):
     (tmp_path / "short").write_text("abc\n")
-    errors = _errors(_config(tmp_path, {"port": 70000, "max_connections": 0, "request_timeout_ms": 1,
+    errors = config_errors(_config(tmp_path, {"port": 70000, "max_connections": 0, "request_timeout_ms": 1,
                                         "max_body_bytes": "big", "token_file": "short", "tls": {"cert_file": "nope"},
                                         "adress": "x"}))
     for expected in ("http.port: must be a port in 1..65535, got 70000", "http.max_connections: must be >= 1",
@@ -54,10 +40,10 @@ def test_every_mistake_is_named_by_its_key_path(tmp_path):
                      "http.token_file: the token in", "http.tls.cert_file:", "file not found",
                      "http.tls.key_file: is required", "http.adress: unknown key"):
         assert expected in errors, errors
-    assert "http.token_file: cannot read" in _errors(_config(tmp_path, {"port": 8000, "token_file": "missing"}))
+    assert "http.token_file: cannot read" in config_errors(_config(tmp_path, {"port": 8000, "token_file": "missing"}))
 
 
 def test_the_listener_needs_one_process_and_its_own_port(tmp_path):
-    errors = _errors(_config(tmp_path, {"port": 9100}, workers={"processes": 2}, metrics={"port": 9100}))
+    errors = config_errors(_config(tmp_path, {"port": 9100}, workers={"processes": 2}, metrics={"port": 9100}))
     assert "http.port: needs workers.processes 1 (got 2)" in errors
     assert "http.port: 9100 is metrics.port too" in errors
