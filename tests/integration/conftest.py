@@ -278,3 +278,15 @@ def start_daemon(tmp_path, broker):
     yield start
     for d in started:
         d.stop()
+
+
+@pytest.fixture
+def home_assistant(tmp_path, broker):
+    """A real Home Assistant on `broker` (tests/homeassistant/ha.py); its tests skip without its venv."""
+    from tests.homeassistant import ha
+
+    instance = ha.HomeAssistant(tmp_path / "ha", broker.port)
+    try:
+        yield instance.start()
+    finally:
+        instance.stop()

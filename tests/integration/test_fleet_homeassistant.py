@@ -15,15 +15,6 @@ NODE = "gw1"
 ENTITY = f"update.edge_inferd_{NODE}_fleet_activity"
 
 
-@pytest.fixture
-def home_assistant(tmp_path, broker):
-    instance = ha.HomeAssistant(tmp_path / "ha", broker.port)
-    try:
-        yield instance.start()
-    finally:
-        instance.stop()
-
-
 def _attribute(key: str, value):
     return lambda states: states.get(ENTITY, {}).get("attributes", {}).get(key) == value
 

@@ -27,15 +27,6 @@ WAIT_S = 60.0
 UNAVAILABLE = "unavailable"
 
 
-@pytest.fixture
-def home_assistant(tmp_path, broker):
-    instance = ha.HomeAssistant(tmp_path / "ha", broker.port)
-    try:
-        yield instance.start()
-    finally:
-        instance.stop()
-
-
 def _load_payload(i: int) -> bytes:
     with np.load(ROOT / "models/load_anomaly/test.npz") as data:
         x = data["x"]
