@@ -8,7 +8,7 @@ where a canary was) and shown in the retained reported document (docs/fleet.md, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 IDLE, DOWNLOADING, VERIFYING, GATING, STAGED, CANARY, ACTIVE, FAILED, ROLLED_BACK = (
     "idle", "downloading", "verifying", "gating", "staged", "canary", "active", "failed", "rolled_back")
@@ -28,15 +28,6 @@ class Release:
 
     def as_dict(self) -> dict:
         return {"serial": self.serial, "version": self.version, "sha256": self.sha256[:SHA_SHOWN]}
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> Optional["Release"]:
-        if not isinstance(raw, dict):
-            return None
-        try:
-            return cls(int(raw["serial"]), str(raw["version"]), str(raw["sha256"]))
-        except (KeyError, TypeError, ValueError):
-            return None
 
 
 @dataclass
