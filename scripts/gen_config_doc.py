@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from daemon.config import drift as config_drift  # noqa: E402
 from daemon.config import escalate as config_cascade  # noqa: E402
+from daemon.config import escalate_v2 as config_v2  # noqa: E402
 from daemon.config import fleet as config_fleet  # noqa: E402
 from daemon.config import homeassistant as config_ha  # noqa: E402
 from daemon.config import http as config_http  # noqa: E402
@@ -114,7 +115,7 @@ As with `raw`, the reply's `"id"` is null.
 }
 
 OUT = ROOT / "docs" / "config.md"
-SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "reuse",
+SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse",
                                                                                     "drift", "homeassistant", "http", "fleet"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
@@ -143,6 +144,10 @@ SECTIONS = (
             "`\"reused\": true` (`false` otherwise; the key is absent on routes without `reuse`)."),
     Section("routes[].escalate", config_cascade.EscalateConfig, None,
             "Optional confidence cascade (docs/performance.md, Confidence cascade)."),
+    Section("routes[].escalate.to_v2", config_v2.V2TierConfig, None,
+            "The far tier on an Open Inference Protocol (KServe v2) server (docs/http.md, The far tier on a v2 "
+            "server): `url` and `model` are required. No worker waits on the network; any failure sends the "
+            "local answer with `\"escalation\": \"error\"`."),
     Section("cache", config.CacheConfig, "cache"),
     Section("workers", config.WorkersConfig, "workers"),
     Section("batching", config.BatchingConfig, "batching"),

@@ -224,7 +224,8 @@ def _suggestion(model: Model) -> str:
 
 
 def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig) -> None:
-    """Pass 2, no files: `to_model` is a known model; a margin needs two scores."""
+    """Pass 2, no files: `to_model` is a known model; a margin needs two scores; `to_v2`'s own
+    preprocessing applies to the route's input."""
     esc = route.escalate
     if esc is None:
         return
@@ -240,6 +241,11 @@ def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig
     if esc.to_model is not None and r.ok(f"{p}.escalate.to_model") and esc.to_model not in config.models:
         known = ", ".join(sorted(config.models)) or "none"
         r.error(e, "to_model", f"{p}.escalate", f"unknown model {esc.to_model!r} (known: {known})")
+    if esc.to_v2 is not None and esc.preprocess is not None and r.ok(f"{p}.input.shape", f"{p}.escalate.preprocess"):
+        try:  # the rows sent are whatever the steps make: they must at least apply to the input
+            preprocess.output_shape(esc.preprocess, route.input.shape)
+        except ValueError as exc:
+            r.error(e, "preprocess", f"{p}.escalate", str(exc))
 
 
 def check_escalate_model(r: Reader, m: Any, p: str, route: RouteConfig, loaded: Mapping[str, Model]) -> None:

@@ -13,14 +13,13 @@ from typing import Mapping, Optional
 
 from daemon.config.mqtt import PORT_LIMIT
 from daemon.config.reader import Reader
+from daemon.config.secrets import read_token
 
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_REQUEST_TIMEOUT_MS = 5000.0
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: a v2 JSON body of a 1 MiB payload is ~3x its bytes
 MIN_REQUEST_TIMEOUT_MS = 10.0
-# A bearer token shorter than this is refused: a guessable secret is no secret.
-MIN_TOKEN_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def read_http(r: Reader, root: Mapping, base: Path) -> HttpConfig:
         max_body_bytes=r.get(s, "max_body_bytes", p, int, d.max_body_bytes, minimum=1),
         token_file=None if token_file is None else base / token_file,
         tls=_read_tls(r, s, base),
-        token=_read_token(r, s, base, token_file),
+        token=read_token(r, s, p, base, token_file),
     )
 
 
@@ -85,22 +84,6 @@ def _port_error(value: Optional[int]) -> Optional[str]:
     if value is not None and not 0 < value < PORT_LIMIT:
         return f"must be a port in 1..{PORT_LIMIT - 1}, got {value}"
     return None
-
-
-def _read_token(r: Reader, s: Mapping, base: Path, name: Optional[str]) -> Optional[str]:
-    if name is None:
-        return None
-    try:
-        token = (base / name).read_text(encoding="utf-8").splitlines()[0].strip()
-    except (OSError, UnicodeDecodeError, IndexError) as exc:
-        why = "it is empty" if isinstance(exc, IndexError) else getattr(exc, "strerror", None) or exc
-        r.error(s, "token_file", "http", f"cannot read {base / name}: {why}")
-        return None
-    if len(token) < MIN_TOKEN_CHARS:
-        r.error(s, "token_file", "http", f"the token in {base / name} has {len(token)} characters; "
-                f"use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)")
-        return None
-    return token
 
 
 def _read_tls(r: Reader, s: Mapping, base: Path) -> Optional[HttpTlsConfig]:

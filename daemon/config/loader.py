@@ -164,7 +164,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
         reuse=read_reuse(r, m, p),
         cache=r.get(m, "cache", p, (bool, type(None)), None),
-        escalate=read_escalate(r, m, p, captures),
+        escalate=read_escalate(r, m, p, captures, base),
     )
 
 

@@ -21,6 +21,7 @@ from daemon.pipeline import request_path
 from daemon.pipeline.route_pipeline import SHA_PREFIX, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 from daemon.serve.admission import Admission
 from daemon.serve.cascade import Cascade, RemoteCascade
+from daemon.serve.far_v2 import V2Cascade
 from daemon.serve.jobs import Job, WorkerContext, WorkerModels
 from daemon.serve.rate import DeviceRate
 from daemon.serve.replies import Replier, Tally, error
@@ -33,8 +34,10 @@ class BatchProcessor:
 
     def __init__(self, admission: Admission, rate: DeviceRate, replier: Replier, stats: Stats,
                  cache: Optional[ScoreCache], reuse: Mapping[str, ReuseState], remote: Optional[RemoteCascade] = None,
-                 clock: Callable[[], float] = time.monotonic, watch: Optional[ModelWatch] = None):
-        """`reuse`: the per-device fast path by route name; `remote`: the far-tier cascade;
+                 clock: Callable[[], float] = time.monotonic, watch: Optional[ModelWatch] = None,
+                 far_v2: Optional[V2Cascade] = None):
+        """`reuse`: the per-device fast path by route name; `remote` and `far_v2`: the far tiers
+        (`to_topic`, `to_v2`);
         `watch`: each release's invoke times, for the fleet canary (daemon/obs/model_watch.py)."""
         self._watch = watch
         self._admission = admission
@@ -45,6 +48,7 @@ class BatchProcessor:
         self._reuse = reuse
         self._cascade = Cascade(clock)
         self._remote = remote
+        self._far_v2 = far_v2
         self._clock = clock
 
     def process(self, context: WorkerContext, jobs: list[Job]) -> None:
@@ -100,10 +104,14 @@ class BatchProcessor:
     def _escalate(self, pipe: RoutePipeline, group: list[Job], requests: list[Request], outcome: Outcome,
                   models: WorkerModels) -> Outcome:
         """The confidence cascade (cascade.py): `to_model` reruns the low-confidence requests on the
-        heavier model; `to_topic` parks them (their reply becomes None) until the far tier answers."""
+        heavier model; `to_topic` and `to_v2` park them (their reply becomes None) until the far
+        tier answers."""
         if pipe.escalate_to is not None:
             return self._cascade.run_local(pipe, pipe.escalate_to, requests, outcome,
                                            models[pipe.escalate_to.route.model], self._cache)
+        if self._far_v2 is not None and pipe.route.escalate.to_v2 is not None:
+            self._far_v2.hand_off(self._cascade, pipe, group, outcome.replies)
+            return outcome
         transport = self._replier.transport
         if self._remote is not None and transport is not None and pipe.route.escalate.to_topic is not None:
             self._remote.hand_off(self._cascade, pipe, group, outcome.replies, transport.publish)

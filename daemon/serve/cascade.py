@@ -16,27 +16,25 @@ MQTT v5 request, with our own ResponseTopic (`edge-inferd/<client_id>/escalation
 intake subscribes to) and a fresh CorrelationData. The far tier (another edge-inferd
 answers on ResponseTopic with CorrelationData) replies with a result of the same contract,
 published on the request's reply topic with `"tier": "remote"`. The request meanwhile holds
-no worker: it waits in a dict with a deadline; past `timeout_ms` the local answer goes out
-with `"escalation": "timeout"`, and a far answer after that is dropped. The request is
+no worker: it is parked with a deadline (parking.py); past `timeout_ms` the local answer goes
+out with `"escalation": "timeout"`, and a far answer after that is dropped. `to_v2` (far_v2.py)
+parks the same way. The request is
 acked once its one reply is safe at the broker (mqtt.MqttLink.reply), whichever it was.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from daemon import topics
 from daemon.pipeline import request_path
 from daemon.config.schema import RouteConfig
 from daemon.config.escalate import EscalateConfig
+from daemon.serve.parking import TIMEOUT, Parked, Parking, Send
 from daemon.transport.inbound import Inbound
 from daemon.pipeline.route_pipeline import Outcome, Request, RoutePipeline, Runner, ScoreCache
 
@@ -46,11 +44,8 @@ TIER_LOCAL = "local"
 TIER_LARGE = "local-large"
 TIER_REMOTE = "remote"
 RATE_LIMITED = "rate_limited"
-TIMEOUT = "timeout"
 FAR_ERROR = "error"  # the far tier answered with an error (or garbage): the local answer stands
-CORRELATION_PREFIX_BYTES = 4
 ERROR_EXCERPT = 200
-STOP_JOIN_S = 5.0
 
 
 class TokenBucket:
@@ -133,66 +128,20 @@ def remote_topic(route: RouteConfig, topic: str) -> str:
     return topics.render(route.escalate.to_topic, topic, topics.match(route.subscribe, topic) or ())
 
 
-@dataclass
-class _Pending:
-    inbound: Inbound
-    reply_topic: str
-    local: dict
-    deadline: float
-
-
-Send = Callable[[Inbound, str, dict], None]  # replies.Replier.send_one: publish, then ack on PUBACK
-
-
-class RemoteCascade:
-    """`to_topic`: escalated requests wait here, holding no worker, for the far tier's answer.
-
-    Each is parked under a fresh CorrelationData with its local answer and a deadline. Whoever
-    takes it out of `_pending` first answers it, under the lock, so a request is answered once:
-    the far tier's reply (`on_response`, paho thread: `"tier": "remote"`), or the expiry thread
-    (`"escalation": "timeout"`: the local answer), or `stop` (the same). A far answer that finds
-    nothing parked (late, or from an earlier run) is dropped and counted in `late`."""
+class RemoteCascade(Parking):
+    """`to_topic`: escalated requests wait here (parking.py), holding no worker, for the far
+    tier's answer, keyed by the CorrelationData they were forwarded with."""
 
     def __init__(self, response_topic: str, send: Send, clock: Callable[[], float] = time.monotonic):
+        super().__init__(send, clock)
         self.response_topic = response_topic
-        self._send = send
-        self._clock = clock
-        self._pending: dict[bytes, _Pending] = {}
-        self._heap: list[tuple[float, bytes]] = []
-        self._cond = threading.Condition()
-        self._prefix = os.urandom(CORRELATION_PREFIX_BYTES).hex()  # ids of an earlier run never match
-        self._ids = itertools.count()
-        self._stopping = False
-        self._thread: Optional[threading.Thread] = None
-        self.late = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._expire_loop, name="escalations", daemon=True)
-        self._thread.start()
-
-    def park(self, inbound: Inbound, reply_topic: str, local: dict, timeout_s: float) -> bytes:
-        """Hold a request's local answer until the far tier answers or `timeout_s` has passed since
-        the request arrived (its queueing and local inference count: the user waits for those too)."""
-        corr = f"{self._prefix}-{next(self._ids)}".encode()
-        deadline = inbound.received_at + timeout_s
-        with self._cond:
-            self._pending[corr] = _Pending(inbound, reply_topic, local, deadline)
-            heapq.heappush(self._heap, (deadline, corr))
-            self._cond.notify()
-        return corr
 
     def on_response(self, inbound: Inbound) -> bool:
         """The far tier's answer (paho thread): published in place of the local one if still parked
         (True); else dropped (False)."""
-        with self._cond:
-            parked = self._pending.pop(inbound.correlation_data or b"", None)
-            if parked is None:
-                self.late += 1
-                return False
-        self._send(parked.inbound, parked.reply_topic, self._remote_reply(parked, inbound.payload))
-        return True
+        return self.answer(inbound.correlation_data or b"", lambda parked: self._remote_reply(parked, inbound.payload))
 
-    def _remote_reply(self, parked: _Pending, payload: bytes) -> dict:
+    def _remote_reply(self, parked: Parked, payload: bytes) -> dict:
         try:
             far = json.loads(payload)
         except ValueError:
@@ -203,44 +152,6 @@ class RemoteCascade:
         latency_ms = (self._clock() - parked.inbound.received_at) * 1000.0
         return {**far, "id": parked.local["id"], "route": parked.local["route"], "tier": TIER_REMOTE,
                 "latency_ms": round(latency_ms, 3)}
-
-    def expire_due(self) -> None:
-        """Answer locally every request past its deadline (the expiry thread; tests call it too)."""
-        due = []
-        with self._cond:
-            now = self._clock()
-            while self._heap and (self._heap[0][0] <= now or self._heap[0][1] not in self._pending):
-                _, corr = heapq.heappop(self._heap)
-                parked = self._pending.pop(corr, None)
-                if parked is not None:
-                    due.append(parked)
-        for parked in due:
-            self._send(parked.inbound, parked.reply_topic, {**parked.local, "escalation": TIMEOUT})
-
-    def _expire_loop(self) -> None:
-        while True:
-            self.expire_due()
-            with self._cond:
-                if self._stopping:
-                    return
-                wait = self._heap[0][0] - self._clock() if self._heap else None
-                if wait is None or wait > 0:
-                    self._cond.wait(wait)  # woken by `park` (an earlier deadline) or `stop`
-
-    def stop(self) -> None:
-        """Answer every parked request locally (`timeout`) and end the expiry thread."""
-        with self._cond:
-            self._stopping = True
-            left, self._pending, self._heap = list(self._pending.values()), {}, []
-            self._cond.notify()
-        for parked in left:
-            self._send(parked.inbound, parked.reply_topic, {**parked.local, "escalation": TIMEOUT})
-        if self._thread is not None:
-            self._thread.join(STOP_JOIN_S)
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
 
     def hand_off(self, cascade: Cascade, pipe: RoutePipeline, jobs: Sequence, replies: list,
                  publish: Callable[..., object]) -> list:

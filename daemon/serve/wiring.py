@@ -21,6 +21,7 @@ from daemon.serve.admission import Admission
 from daemon.serve.autoscale import Autoscaler
 from daemon.serve.batches import BatchProcessor
 from daemon.serve.cascade import RemoteCascade
+from daemon.serve.far_v2 import V2Cascade
 from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.intake import Intake, RouteTable
 from daemon.serve.jobs import Job, WorkerContext, WorkerModels
@@ -41,6 +42,7 @@ class Serving:
     rate: DeviceRate
     reuse: dict  # DeviceReuse by route name; kept across reloads (entries name their model digest)
     remote: Optional[RemoteCascade] = None
+    far_v2: Optional[V2Cascade] = None
 
     @property
     def filters(self) -> list[str]:
@@ -52,13 +54,15 @@ class Serving:
 
     def start(self) -> None:
         self.pool.start()
-        if self.remote is not None:
-            self.remote.start()
+        for far in (self.remote, self.far_v2):
+            if far is not None:
+                far.start()
 
     def stop(self, timeout_s: float) -> bool:
         stopped = self.pool.stop(timeout_s)
-        if self.remote is not None:
-            self.remote.stop()  # parked escalations get their local answer: none left unanswered
+        for far in (self.remote, self.far_v2):
+            if far is not None:
+                far.stop()  # parked escalations get their local answer: none left unanswered
         return stopped
 
     def swap(self, pipes: Sequence[RoutePipeline], make_models: MakeModels) -> None:
@@ -95,11 +99,13 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
     replier = Replier(stats, drift, watch)
     far = any(p.route.escalate and p.route.escalate.to_topic for p in pipes) and escalation_topic
     remote = RemoteCascade(escalation_topic, replier.send_one, clock) if far else None
+    far_v2 = V2Cascade(pipes, replier.send_one, clock) if any(p.route.escalate and p.route.escalate.to_v2
+                                                              for p in pipes) else None
     rate = DeviceRate(stats)  # per-device min_interval_ms and coalesce state
     reuse = {p.route.name: DeviceReuse(p.route.reuse) for p in pipes if p.route.reuse is not None}
     max_wait_s = None if workers.max_wait_ms is None else workers.max_wait_ms / 1000.0
     admission = Admission(workers.queue_bytes, max_wait_s, workers.min, batching.max_batch, clock)
-    batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock, watch)
+    batches = BatchProcessor(admission, rate, replier, stats, cache, reuse, remote, clock, watch, far_v2)
     by_name = {p.route.name: p for p in pipes}
     pool: WorkerPool[Job, WorkerContext] = WorkerPool(
         workers.max, lambda i: WorkerContext(make_models(i), by_name), batches.process, batching.max_batch,
@@ -111,4 +117,4 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
     intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices, control)
-    return Serving(intake, pool, admission, replier, routes, rate, reuse, remote)
+    return Serving(intake, pool, admission, replier, routes, rate, reuse, remote, far_v2)
