@@ -219,6 +219,8 @@ class Service:
         http = self.stats.http_counts()
         if http:  # the HTTP listener's requests by route ("" for none named) and status
             stats["http"] = http
+        if self._serving is not None and self._serving.far_v2 is not None:  # the to_v2 far tiers' breakers
+            stats["to_v2"] = self._serving.far_v2.snapshot()
         if self._devices is not None and self._devices.enabled:  # Home Assistant discovery's bounded count
             stats["homeassistant"] = self._devices.snapshot()
         return stats

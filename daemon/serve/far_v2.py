@@ -162,9 +162,12 @@ class V2Cascade(Parking):
         for senders in self._senders.values():
             senders.stop()
 
-    def breakers(self) -> dict:
-        """{route: {"open", "episodes"}}: for the stats."""
-        return {route: {"open": s.breaker.is_open, "episodes": s.breaker.episodes} for route, s in self._senders.items()}
+    def snapshot(self) -> dict:
+        """For the stats' `to_v2`: per route, whether its breaker is open and how many times it
+        opened; `parked` and `late` (far answers after their request's deadline) for all."""
+        routes = {route: {"breaker_open": s.breaker.is_open, "breaker_episodes": s.breaker.episodes}
+                  for route, s in self._senders.items()}
+        return {"routes": routes, "parked": self.pending, "late": self.late}
 
     def hand_off(self, cascade: Cascade, pipe: RoutePipeline, jobs: Sequence, replies: list) -> list:
         """After the local pipeline (worker thread): park and queue the low-confidence requests

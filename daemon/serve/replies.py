@@ -125,6 +125,8 @@ def watched_answer(reply: dict, answers: list) -> None:
     """A result's part in its release's canary window: as `drift_answer`, with the release that
     made it, and the top-1 answer by its label; a detector's or a `values` reply counts with no
     score to compare."""
+    if reply.get("tier") == "remote":  # a far tier answered: not this release's answer
+        return
     sha = reply.get("model_sha256", "")
     if "index" in reply:  # by label: a release with the same model and permuted labels answers differently
         answers.append((sha, reply["route"], reply.get("label", reply["index"]), reply["score"]))

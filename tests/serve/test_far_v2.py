@@ -199,7 +199,7 @@ def test_a_refused_port_falls_back_and_the_breaker_then_stops_calling(far):
     finally:
         tier.stop()
     assert all(r["escalation"] == "error" for r in first.values())
-    assert [r["escalation"] for r in replies] == ["error", "error"] and tier.breakers()["activity"]["open"]
+    assert [r["escalation"] for r in replies] == ["error", "error"] and tier.snapshot()["routes"]["activity"]["breaker_open"]
 
 
 def test_the_breaker_tries_again_after_open_s_and_closes_on_success(far):
@@ -212,7 +212,7 @@ def test_the_breaker_tries_again_after_open_s_and_closes_on_success(far):
     refused = 0
     try:
         run(pipe, [0], sent, tier)
-        assert sent.wait_for(0)["escalation"] == "error" and tier.breakers()["activity"]["open"]
+        assert sent.wait_for(0)["escalation"] == "error" and tier.snapshot()["routes"]["activity"]["breaker_open"]
         failing["on"] = False
         i, deadline = 1, time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -226,7 +226,7 @@ def test_the_breaker_tries_again_after_open_s_and_closes_on_success(far):
     finally:
         tier.stop()
     assert trial["tier"] == "remote" and refused > 0 and len(server.calls) == 2
-    assert not tier.breakers()["activity"]["open"] and tier.breakers()["activity"]["episodes"] == 1
+    assert not tier.snapshot()["routes"]["activity"]["breaker_open"] and tier.snapshot()["routes"]["activity"]["breaker_episodes"] == 1
 
 
 def test_a_server_slower_than_the_deadline_gets_the_local_answer_in_time_and_its_answer_is_dropped(far):
