@@ -249,6 +249,6 @@ annotate "$(probe | tail -n1)"
 if [ -n "$SEED" ] && [ -d "$SEED" ]; then step seed do_seed; fi
 step demo in_root './scripts/demo.sh'
 annotate "$(grep -E 'accuracy|ROC-AUC|detect' "$CACHE/demo.log" | sed 's/^ *//' | tr -s ' ' | paste -sd';' | cut -c1-400)"
-step unit in_root 'EDGE_INFERD_SKIP_HA=1 ./scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration'
+step unit in_root 'EDGE_INFERD_SKIP_HA=1 EDGE_INFERD_SKIP_V2=1 ./scripts/test.sh -q -p no:cacheprovider --ignore=tests/integration'
 annotate "$(grep -E '[0-9]+ (passed|failed|error)' "$CACHE/unit.log" | tail -n1)"
 print_summary

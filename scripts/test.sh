@@ -3,7 +3,8 @@
 # Installs what it needs itself: .venv (runtime + pytest), mosquitto, and .venv-tflite
 # (tflite-runtime with numpy<2) for the backend parity tests, and the real third-party models
 # the tests run (scripts/fetch_test_models.sh: once, into .cache/test-models; checked after), and
-# Home Assistant in .cache/ha-venv (scripts/setup_ha.sh) for the discovery tests.
+# Home Assistant in .cache/ha-venv (scripts/setup_ha.sh) for the discovery tests, and MLServer and
+# KServe in .cache/v2-venvs (scripts/setup_v2.sh) for the v2 far-tier tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -28,6 +29,15 @@ if [ -n "${EDGE_INFERD_SKIP_HA:-}" ]; then  # e.g. check-arm.sh's unit run: HA i
     echo "test: EDGE_INFERD_SKIP_HA is set: Home Assistant is not installed, its tests skip" >&2
 else
     ./scripts/setup_ha.sh || echo "test: Home Assistant is not installable here; its tests will be skipped" >&2
+fi
+
+# Real v2 (KServe REST) servers, MLServer and KServe, for tests/integration/test_v2_servers.py and
+# the far tier `escalate.to_v2` (their own venvs in .cache/v2-venvs, ~2 min once; never a
+# dependency of the daemon). Optional: where they cannot be installed those tests skip.
+if [ -n "${EDGE_INFERD_SKIP_V2:-}" ]; then
+    echo "test: EDGE_INFERD_SKIP_V2 is set: the v2 servers are not installed, their tests skip" >&2
+else
+    ./scripts/setup_v2.sh || echo "test: the v2 servers (MLServer, KServe) are not installable here; their tests will be skipped" >&2
 fi
 
 ./scripts/fetch_test_models.sh .cache/test-models
