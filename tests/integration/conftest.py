@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 
 from daemon.obs.stats_topic import stopped_stats
 from daemon.tools.broker import Broker, end_process
-from tests.integration import brokers
+from tests.integration import brokers, v2_servers
 from daemon.config.reader import absolute_paths
 from daemon.transport.mqtt import disable_nagle, stop_loop
 
@@ -290,3 +290,30 @@ def home_assistant(tmp_path, broker):
         yield instance.start()
     finally:
         instance.stop()
+
+
+@pytest.fixture(scope="module")
+def _v2_pool(tmp_path_factory):
+    pool = v2_servers.V2Pool(tmp_path_factory.mktemp)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(params=v2_servers.KINDS)
+def v2_server(request, _v2_pool) -> "v2_servers.V2Server":
+    """Each real v2 server in turn (tests/integration/v2_servers.py) serving appliance_large;
+    skipped without its venv (scripts/setup_v2.sh). Module-scoped underneath: one process per kind
+    for the module's tests, restarted on the same url for the next test when a test killed it."""
+    return _v2_pool.get(request.param)
+
+
+@pytest.fixture
+def mlserver_v2(_v2_pool) -> "v2_servers.V2Server":
+    """MLServer 1.7.1 serving appliance_large (as v2_server)."""
+    return _v2_pool.get(v2_servers.MLSERVER)
+
+
+@pytest.fixture
+def kserve_v2(_v2_pool) -> "v2_servers.V2Server":
+    """KServe 0.21.0 serving appliance_large (as v2_server)."""
+    return _v2_pool.get(v2_servers.KSERVE)
