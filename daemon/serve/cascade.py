@@ -34,7 +34,7 @@ from daemon import topics
 from daemon.pipeline import request_path
 from daemon.config.schema import RouteConfig
 from daemon.config.escalate import EscalateConfig
-from daemon.serve.parking import TIMEOUT, Parked, Parking, Send
+from daemon.serve.parking import Parked, Parking, Send
 from daemon.transport.inbound import Inbound
 from daemon.pipeline.route_pipeline import Outcome, Request, RoutePipeline, Runner, ScoreCache
 

@@ -162,6 +162,21 @@ class Client:
         stop_loop(self.c)
 
 
+class TimedClient(Client):
+    """Records when each reply on a results/ topic arrived (time.monotonic), by its id."""
+
+    def __init__(self, broker):
+        self.arrived: dict[int, list[float]] = {}
+        self.lock = threading.Lock()
+        super().__init__(broker)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        if msg.topic.startswith("results/"):
+            with self.lock:
+                self.arrived.setdefault(json.loads(msg.payload)["id"], []).append(time.monotonic())
+        super()._on_message(client, userdata, msg)
+
+
 @pytest.fixture
 def client(broker):
     c = Client(broker)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import numpy as np
 import yaml
 
-from tests.integration.conftest import ROOT, Client, write_config
+from tests.integration.conftest import ROOT, Client, TimedClient, write_config
 
 TIMEOUT_MS = 300
 SLACK_S = 0.1
@@ -36,21 +35,6 @@ def _config(tmp_path, name: str, route: dict):
     folder.mkdir()
     return write_config(folder, mqtt={"client_id": name, "session_expiry_s": 0}, routes=[route],
                         cache={"enabled": False}, workers={"max": 1})
-
-
-class TimedClient(Client):
-    """Records when each reply arrived (time.monotonic)."""
-
-    def __init__(self, broker):
-        self.arrived: dict[int, list[float]] = {}
-        self.lock = threading.Lock()
-        super().__init__(broker)
-
-    def _on_message(self, client, userdata, msg) -> None:
-        if msg.topic.startswith("results/"):
-            with self.lock:
-                self.arrived.setdefault(json.loads(msg.payload)["id"], []).append(time.monotonic())
-        super()._on_message(client, userdata, msg)
 
 
 def test_far_tier_killed_mid_stream_every_request_answered_once_in_time(tmp_path, broker, start_daemon):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from tests.integration import v2_servers
-from tests.integration.conftest import ROOT, Client, write_config
+from tests.integration.conftest import ROOT, Client, TimedClient, write_config
 
 THRESHOLD = 0.65  # config.yaml's commented cascade on the appliance route
 TIMEOUT_MS = 800
@@ -45,21 +44,6 @@ def _config(tmp_path, server: v2_servers.V2Server, score_below: float, timeout_m
     models = {"appliance": {"path": str(ROOT / "models/appliance/model.tflite"),
                             "labels": str(ROOT / "models/appliance/labels.txt")}}
     return write_config(tmp_path, routes=[route], models=models, cache={"enabled": False})
-
-
-class TimedClient(Client):
-    """Records when each reply arrived (time.monotonic)."""
-
-    def __init__(self, broker):
-        self.arrived: dict[int, list[float]] = {}
-        self.lock = threading.Lock()
-        super().__init__(broker)
-
-    def _on_message(self, client, userdata, msg) -> None:
-        if msg.topic.startswith("results/"):
-            with self.lock:
-                self.arrived.setdefault(json.loads(msg.payload)["id"], []).append(time.monotonic())
-        super()._on_message(client, userdata, msg)
 
 
 def _traces(n: int) -> np.ndarray:
