@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from daemon.serve.admission import JOB_OVERHEAD_BYTES
 from daemon.tools.broker import free_port
+from tests.integration import v2_servers
 from tests.integration.conftest import LARGE_MODELS, LARGE_ROUTE, ROOT, WAIT_S, write_config
 
 ERROR_KEYS = {"error", "code", "id"}
@@ -105,6 +107,33 @@ def test_tritonclient_speaks_to_it(served):
         assert result.as_numpy("scores").shape == (2, 3)
         assert result.get_response()["id"] == "t1"
     triton.close()
+
+
+def test_kserve_rest_client_speaks_to_it(served, tmp_path):
+    """kserve 0.21's InferenceRESTClient, run by its own venv (scripts/setup_v2.sh), gets for each
+    row what the route's own payload gets over POST /routes/activity, in JSON and in binary."""
+    reason = v2_servers.available(v2_servers.KSERVE)
+    if reason is not None:
+        pytest.skip(reason)
+    port, _, _ = served
+    x = _rows(3)
+    np.save(tmp_path / "rows.npy", x)
+    run = subprocess.run([str(v2_servers.python_of(v2_servers.KSERVE)), str(v2_servers.APPS / "kserve_client.py"),
+                          f"http://127.0.0.1:{port}", "activity", str(tmp_path / "rows.npy")],
+                         capture_output=True, text=True, timeout=WAIT_S)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    assert found["server_live"] and found["server_ready"] and found["model_ready"]
+    assert found["metadata"]["inputs"][0]["shape"] == [-1, 100, 6]
+    replies = [json.loads(_call(port, "POST", "/routes/activity", json.dumps({"data": row.tolist()}).encode())[2])
+               for row in x]
+    for way in ("json", "binary"):
+        outputs = found[way]["outputs"]
+        assert found[way]["id"] == f"kserve-{way == 'binary'}"
+        assert outputs["label"]["data"] == [r["label"] for r in replies]
+        assert outputs["index"]["data"] == [r["index"] for r in replies]
+        assert outputs["scores"]["data"] == pytest.approx([t["score"] for r in replies for t in r["top_k"]])
+        assert outputs["scores"]["shape"] == [len(x), len(replies[0]["top_k"])]
 
 
 _V2_TENSOR = st.fixed_dictionaries({}, optional={
