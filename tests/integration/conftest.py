@@ -315,7 +315,7 @@ def _v2_pool(tmp_path_factory):
 
 
 @pytest.fixture(params=v2_servers.KINDS)
-def v2_server(request, _v2_pool) -> "v2_servers.V2Server":
+def v2_server(request, _v2_pool) -> v2_servers.V2Server:
     """Each real v2 server in turn (tests/integration/v2_servers.py) serving appliance_large;
     skipped without its venv (scripts/setup_v2.sh). Module-scoped underneath: one process per kind
     for the module's tests, restarted on the same url for the next test when a test killed it."""
@@ -323,12 +323,12 @@ def v2_server(request, _v2_pool) -> "v2_servers.V2Server":
 
 
 @pytest.fixture
-def mlserver_v2(_v2_pool) -> "v2_servers.V2Server":
+def mlserver_v2(_v2_pool) -> v2_servers.V2Server:
     """MLServer 1.7.1 serving appliance_large (as v2_server)."""
     return _v2_pool.get(v2_servers.MLSERVER)
 
 
 @pytest.fixture
-def kserve_v2(_v2_pool) -> "v2_servers.V2Server":
+def kserve_v2(_v2_pool) -> v2_servers.V2Server:
     """KServe 0.21.0 serving appliance_large (as v2_server)."""
     return _v2_pool.get(v2_servers.KSERVE)

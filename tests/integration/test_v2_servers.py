@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -35,10 +36,10 @@ def _infer(server, body: bytes, headers: dict,
     return response.status, {k.lower(): v for k, v in response.getheaders()}, payload
 
 
-def _request(rows: np.ndarray, shape=None, request_id: str = "r1", datatype: str = "FP32") -> bytes:
+def _request(rows: np.ndarray, shape=None, request_id: Optional[str] = "r1", datatype: str = "FP32") -> bytes:
     shape = list(rows.shape) if shape is None else shape
-    return json.dumps({"id": request_id, "inputs": [{"name": "x", "shape": shape, "datatype": datatype,
-                                                      "data": rows.ravel().tolist()}]}).encode()
+    body = {"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": rows.ravel().tolist()}]}
+    return json.dumps(body if request_id is None else {"id": request_id, **body}).encode()
 
 
 def _scores(payload: bytes) -> np.ndarray:
@@ -55,7 +56,18 @@ def test_a_batch_of_far_rows_gets_the_daemons_own_scores(v2_server):
         assert status == 200, payload
         assert json.loads(payload)["id"] == "r1"
         np.testing.assert_allclose(_scores(payload), expected, rtol=0, atol=ATOL)
+    status, _, payload = _infer(v2_server, _request(rows, request_id=None), JSON)  # an id is optional
+    assert status == 200, payload
+    np.testing.assert_allclose(_scores(payload), expected, rtol=0, atol=ATOL)
     assert len(set(expected.argmax(axis=1))) > 2  # rows of several appliances, not one answer repeated
+
+
+def test_model_metadata_states_the_contract(v2_server):
+    status, payload = v2_server.get(f"/v2/models/{v2_server.model}")
+    meta = json.loads(payload)
+    assert status == 200 and meta["name"] == v2_servers.MODEL_NAME, payload
+    assert [(t["datatype"], t["shape"]) for t in meta["inputs"]] == [("FP32", [-1, 1460, 1])]
+    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["outputs"]] == [("scores", "FP32", [-1, 10])]
 
 
 def _binary_request(rows: np.ndarray, binary_output: bool) -> tuple[bytes, dict]:

@@ -5,11 +5,14 @@ would deploy it). The far tier `escalate.to_v2` talks to them in its tests.
 
 Contract of the runtime (the far tier's): one FP32 input [N, 1460, 1] or [N, 1460] (the near
 node's `escalate.preprocess` already applied); one FP32 output `scores` [N, 10], what the daemon's
-own runtime gives for those rows; any other shape or datatype a JSON 400.
+own runtime gives for those rows; any other shape or datatype a JSON 400. Model metadata says so.
 
 What each server takes (read in their sources, checked by tests/integration/test_v2_servers.py):
 - KServe: JSON only with `Content-Type: application/json`; the binary tensor extension on input
-  (`Inference-Header-Content-Length`, any other content type) and on output (`binary_data_output`).
+  (`Inference-Header-Content-Length`, with application/octet-stream or no content type: with
+  application/json it is a 400) and on output (`binary_data_output`; a requested output's own
+  `parameters.binary_data`, which overrides it: an output asked for by name without it comes back
+  JSON). A binary response carries `Inference-Header-Content-Length` and no Content-Type.
 - MLServer: JSON whatever the content type; no binary extension over REST (its REST body is a
   pydantic model: a binary body is a 422, or a plain-text 500 with application/octet-stream).
   A model's uncaught exception is a plain-text 500 that closes the keep-alive connection.
@@ -52,9 +55,9 @@ _OK = 200
 
 def far_rows(n: int) -> np.ndarray:
     """n traces of models/appliance/test.npz, spread over the split (it is sorted by appliance,
-    ten traces each), as the far tier receives them: the near
-    node's `escalate.preprocess`, appliance_large's own steps from its card (standardize, clip,
-    reshape to [1460, 1]), applied to the decoded input (as scripts/measure_cascade.py does)."""
+    ten traces each), as the far tier receives them: the near node's `escalate.preprocess`,
+    appliance_large's own steps from its card (standardize, clip, reshape to [1460, 1]), applied
+    to the decoded input (as scripts/measure_cascade.py does)."""
     card = json.loads((MODEL.parent / "card.json").read_text())
     steps = tuple(preprocess.parse_step(step) for step in card["preprocessing"])
     with np.load(ROOT / "models" / "appliance" / "test.npz") as data:
@@ -93,7 +96,7 @@ class V2Server:
         self.start_s = 0.0  # how long the last start took until the model was ready
         self._command = _write_mlserver(self.dir, self.port) if kind == MLSERVER else _write_kserve(self.dir, self.port)
 
-    def start(self) -> "V2Server":
+    def start(self) -> V2Server:
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._command, cwd=self.dir, stdout=log, stderr=subprocess.STDOUT,
@@ -132,7 +135,7 @@ class V2Server:
         if self.proc is not None:
             end_process(self.proc, sig, STOP_TIMEOUT_S)
 
-    def restart(self) -> "V2Server":
+    def restart(self) -> V2Server:
         """Kill it (if still running) and start it again on the same port and url."""
         self.kill()
         return self.start()

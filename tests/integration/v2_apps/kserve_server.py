@@ -8,15 +8,15 @@ Answers the binary tensor extension both ways, as KServe's own runtimes do: the 
 from __future__ import annotations
 
 import argparse
+import uuid
 
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer, model_server
 from kserve.errors import InvalidInput
 from kserve.protocol.rest import server as rest_server
 
-from tflite_scores import BadInput, Scorer
+from tflite_scores import OUTPUT, BadInput, Scorer
 
-OUTPUT = "scores"
 LOOPBACK = "127.0.0.1"
 
 
@@ -42,6 +42,12 @@ class TFLiteScores(Model):
         self.ready = True
         return self.ready
 
+    def get_input_types(self) -> list[dict]:
+        return self._scorer.inputs
+
+    def get_output_types(self) -> list[dict]:
+        return self._scorer.outputs
+
     async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
         if len(payload.inputs) != 1:
             raise InvalidInput(f"one input tensor, got {len(payload.inputs)}")
@@ -53,8 +59,10 @@ class TFLiteScores(Model):
             raise InvalidInput(str(exc)) from None
         scores = self._scorer.scores(x)
         output = InferOutput(OUTPUT, list(scores.shape), "FP32", data=scores)
-        return InferResponse(payload.id, self.name, [output], use_binary_outputs=payload.use_binary_outputs,
-                             requested_outputs=payload.request_outputs)
+        # A JSON response needs an id (kserve validates it as a string: None is a 500), as KServe's
+        # own runtimes give one to a request without.
+        return InferResponse(payload.id or str(uuid.uuid4()), self.name, [output],
+                             use_binary_outputs=payload.use_binary_outputs, requested_outputs=payload.request_outputs)
 
 
 def main() -> None:

@@ -11,17 +11,17 @@ import numpy as np
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.errors import InferenceError
-from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.types import InferenceRequest, InferenceResponse, MetadataTensor
 from mlserver.utils import get_model_uri
 
-from tflite_scores import BadInput, Scorer
-
-OUTPUT = "scores"
+from tflite_scores import OUTPUT, BadInput, Scorer
 
 
 class TFLiteScores(MLModel):
     async def load(self) -> bool:
         self._scorer = Scorer(await get_model_uri(self.settings))
+        self.inputs = [MetadataTensor(**tensor) for tensor in self._scorer.inputs]
+        self.outputs = [MetadataTensor(**tensor) for tensor in self._scorer.outputs]
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:

@@ -16,6 +16,7 @@ except ImportError:  # where a server's numpy pin keeps litert out (scripts/setu
     from tflite_runtime.interpreter import Interpreter
 
 FP32 = "FP32"
+INPUT, OUTPUT = "input", "scores"  # a request's input may have any name: there is one
 
 
 class BadInput(ValueError):
@@ -43,6 +44,9 @@ class Scorer:
         self._batch = int(self._input["shape"][0])
         self.sample_shape = tuple(int(d) for d in self._input["shape"][1:])
         self.num_classes = int(np.prod(self._output["shape"][1:]))
+        # For model metadata (GET /v2/models/<name>): the batch dimension is free.
+        self.inputs = [{"name": INPUT, "datatype": FP32, "shape": [-1, *self.sample_shape]}]
+        self.outputs = [{"name": OUTPUT, "datatype": FP32, "shape": [-1, self.num_classes]}]
 
     def rows(self, shape: list, datatype: str) -> tuple[int, ...]:
         """The request's shape as (N, *sample_shape); [N, 1460] stands for [N, 1460, 1]."""
