@@ -127,6 +127,21 @@ class RoutePipeline:
             return batch
         return preprocess.apply_steps(self.route.preprocess, batch)
 
+    def far_rows(self, payloads: Sequence[bytes]) -> tuple[np.ndarray, set[int]]:
+        """`escalate.to_v2`: the payloads decoded and preprocessed with the far model's steps
+        (`escalate.preprocess`, else the route's), one float32 row each; the positions that fail
+        to decode are in the set (their rows zero)."""
+        batch = self.decode_many(payloads)
+        good = [i for i, _ in batch.decoded]
+        failed = set(range(len(payloads))) - set(good)
+        if not good:
+            return np.zeros((len(payloads), 0), dtype=np.float32), failed
+        far = self.route.escalate.far_route(self.route)
+        rows = preprocess.apply_steps(far.preprocess, batch.x).astype(np.float32, copy=False)
+        out = np.zeros((len(payloads), *rows.shape[1:]), dtype=np.float32)
+        out[good] = rows
+        return out, failed
+
     def postprocess(self, scores: np.ndarray, request_id: Any, cached: bool, latency_ms: float,
                     order: Optional[np.ndarray] = None, reused: Optional[bool] = None,
                     x: Optional[np.ndarray] = None, geometry: Optional[Geometry] = None) -> dict:

@@ -28,8 +28,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from daemon.config.escalate_v2 import V2TierConfig
-from daemon.model import preprocess
-from daemon.pipeline import codecs, postprocess
+from daemon.pipeline import postprocess
 from daemon.pipeline.route_pipeline import RoutePipeline
 from daemon.serve.breaker import Breaker
 from daemon.serve.cascade import FAR_ERROR, TIER_REMOTE, Cascade
@@ -182,7 +181,7 @@ class V2Cascade(Parking):
                 replies[i]["escalation"] = FAR_ERROR
             return replies
         esc = pipe.route.escalate
-        x, failed = _far_rows(pipe, [jobs[i].inbound.payload for i in chosen])
+        x, failed = pipe.far_rows([jobs[i].inbound.payload for i in chosen])
         queued = []
         for n, i in enumerate(chosen):
             if n in failed:
@@ -195,18 +194,3 @@ class V2Cascade(Parking):
         senders.put(queued)
         return replies
 
-
-def _far_rows(pipe: RoutePipeline, payloads: list[bytes]) -> tuple[np.ndarray, set[int]]:
-    """The payloads decoded and preprocessed with the far model's steps, one row each (rows
-    that fail are named in the set; the others' rows are in order, failed ones zero-filled)."""
-    route = pipe.route
-    batch = codecs.decode_many(payloads, route.input)
-    steps = route.preprocess if route.escalate.preprocess is None else route.escalate.preprocess
-    good = [i for i, _ in batch.decoded]
-    failed = set(range(len(payloads))) - set(good)
-    if not good:
-        return np.zeros((len(payloads), 0), dtype=np.float32), failed
-    rows = preprocess.apply_steps(steps, batch.x).astype(np.float32, copy=False)
-    out = np.zeros((len(payloads), *rows.shape[1:]), dtype=np.float32)
-    out[good] = rows
-    return out, failed
