@@ -23,6 +23,9 @@ import numpy as np
 
 # Ops that keep state between invokes (resource variables).
 STATEFUL_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
+# The node a delegate (XNNPACK) adds in place of the ops it takes over; those ops stay listed
+# beside it, and no converter writes it into a file, so the file's ops are the others.
+DELEGATE_OP = "DELEGATE"
 INTEGER_INPUTS = (np.dtype(np.int8), np.dtype(np.uint8))
 FLOAT_INPUT = np.dtype(np.float32)
 _QUANTIZED_KINDS = "iu"
@@ -80,7 +83,8 @@ class Interface:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     ops: tuple[str, ...]
-    """The graph's op names (empty when the backend cannot list them)."""
+    """The file's op names, main subgraph, in order (empty when the backend cannot list them):
+    what the model is, not what a delegate made of it."""
     quantized_tensors: int
     """How many tensors of the whole graph are quantized integers."""
     resource_tensors: int = 0
@@ -129,7 +133,8 @@ def read_interface(interp: Any) -> Interface:
     inputs = tuple(TensorSpec.from_details(d) for d in interp.get_input_details())
     outputs = tuple(TensorSpec.from_details(d) for d in interp.get_output_details())
     try:
-        ops = tuple(str(op.get("op_name", "")) for op in interp._get_ops_details())
+        ops = tuple(name for name in (str(op.get("op_name", "")) for op in interp._get_ops_details())
+                    if name != DELEGATE_OP)
     except (AttributeError, RuntimeError, ValueError):  # a private API: not every build has it
         ops = ()
     quantized = resource = 0

@@ -80,6 +80,11 @@ def _resolver_options(backend: str, xnnpack: bool) -> dict:
     to tflite-runtime 2.14 (which does not run INT8 through XNNPACK), about 4x slower."""
     if xnnpack or backend != "litert":
         return {}
+    return _without_default_delegates(backend)
+
+
+def _without_default_delegates(backend: str) -> dict:
+    """Interpreter options for the built-in kernels alone (both runtimes have the option)."""
     resolver = importlib.import_module(BACKENDS[backend]).OpResolverType
     return {"experimental_op_resolver_type": resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
 
@@ -348,10 +353,14 @@ def _allocated(new_interpreter: Callable[[], Any], quiet: AbstractContextManager
 
 
 def open_interface(path: Path | str, backend: str = "auto") -> Interface:
-    """A model file's interface, whether or not the daemon can serve it (`edge-inferd inspect`)."""
+    """A model file's interface, whether or not the daemon can serve it (`edge-inferd inspect`).
+
+    Read without the default delegates (XNNPACK, which litert applies to every model and
+    tflite-runtime to float ones): the interpreter's nodes are then the file's own operators."""
     path = Path(path)
     data = _read_model(path)
     name = resolve_backend(backend)
     factory = _interpreter_class(name)
+    options = _without_default_delegates(name)
     quiet = quiet_native_info() if name == "litert" else nullcontext()
-    return _allocated(lambda: factory(model_content=data), quiet, path, name)[1]
+    return _allocated(lambda: factory(model_content=data, **options), quiet, path, name)[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import yaml
 from daemon import cli
 from daemon.config.loader import load_config
 from daemon.model.inspection import report
+from daemon.model.runtime import Model, open_interface
 from tests.real_models import real_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +76,48 @@ def test_an_int8_image_model_gets_the_pixel_scaling_its_input_range_says(tmp_pat
     assert _pixel_steps(tensor_spec((1, 96, 96, 3), np.int8, scale=1 / 128, zero_point=0)) == [
         "    preprocess:", "      - normalize: {mean: 127.5, std: 127.5}   # pixels -> -1..1"]
     assert _pixel_steps(tensor_spec((1, 96, 96, 3), np.uint8, scale=1 / 255, zero_point=0)) == []
+
+
+# --- What inspect reads, held against every real model the tests fetch and every bundled one ---
+
+REAL_MODELS = ("ssd_mobilenet_v2_coco_quant.tflite", "ssd_mobilenet_v2_coco_quant_edgetpu.tflite",
+               "efficientnet_lite0_uint8.tflite", "deeplabv3_float.tflite", "okay_nabu_stateful.tflite")
+BUNDLED = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("models/*/*.tflite"))
+
+
+def _model_path(name: str) -> Path:
+    return ROOT / name if name.startswith("models/") else real_model(name)
+
+
+def _file_ops(path: Path) -> tuple[str, ...]:
+    """The operators of the file's main subgraph, read from the flatbuffer by the TFLite schema
+    that ai-edge-litert ships (no runtime involved)."""
+    schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    codes = []
+    for i in range(model.OperatorCodesLength()):
+        code = model.OperatorCodes(i)
+        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())  # the schema's rule for old files
+        codes.append(code.CustomCode().decode() if builtin == schema.BuiltinOperator.CUSTOM else names[builtin])
+    graph = model.Subgraphs(0)
+    return tuple(codes[graph.Operators(j).OpcodeIndex()] for j in range(graph.OperatorsLength()))
+
+
+def test_every_model_is_held_here():
+    manifest = json.loads((real_model("coco_labels.txt").parent / "MANIFEST.json").read_text())
+    assert set(REAL_MODELS) == {name for name in manifest if name.endswith(".tflite")}
+    assert len(BUNDLED) == 10  # model.tflite and model_float.tflite of the five bundled models
+
+
+@pytest.mark.parametrize("name", [*REAL_MODELS, *BUNDLED])
+def test_the_ops_are_the_files_own_not_a_delegates(name):
+    path = _model_path(name)
+    if name.endswith("_edgetpu.tflite"):  # no runtime here loads it (test_an_edge_tpu_model_is_a_model_error...)
+        assert "DELEGATE" not in _file_ops(path)
+        return
+    interface = open_interface(path)
+    assert "DELEGATE" not in interface.ops and "DELEGATE" not in report(path)[0]
+    if not interface.problems():  # as the daemon loads it, XNNPACK and all: the same ops
+        assert Model(path).interface.ops == interface.ops
+    assert interface.ops == _file_ops(path)  # (skipped where ai-edge-litert is not installed)
