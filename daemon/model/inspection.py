@@ -21,6 +21,7 @@ _PIXEL_SCALINGS = {(-1.0, 1.0): (127.5, 127.5), (0.0, 1.0): (0.0, 255.0)}
 _RANGE_TOLERANCE = 0.05
 _IMAGE_CHANNELS = (1, 3)
 _TOP_OPS = 8
+_TOP_K = 3  # a classifier's proposed top_k, or its number of classes when it has fewer
 
 
 def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
@@ -78,7 +79,8 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
         lines += _pixel_steps(spec)
     else:
         lines.append(f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}")
-    output = {"classify": "{kind: classify, top_k: 3}", "detect": "{kind: detect, min_score: 0.5, max_results: 10}",
+    top_k = min(_TOP_K, interface.outputs[0].sample_size)
+    output = {"classify": f"{{kind: classify, top_k: {top_k}}}", "detect": "{kind: detect, min_score: 0.5, max_results: 10}",
               "anomaly": "{kind: anomaly, threshold: null}   # set it from `validate` (ROC-AUC, threshold at an FPR)",
               "values": "{kind: values}"}[kind]
     lines += [f"    output: {output}", f"    publish: results/{{1}}/{name}"]

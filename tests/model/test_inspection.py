@@ -41,6 +41,15 @@ def test_a_bundled_classifier_is_described_and_its_snippet_checks(tmp_path):
     assert config.routes[0].name == "activity" and config.routes[0].kind == "classify"
 
 
+def test_a_two_class_classifier_is_proposed_top_k_2(tmp_path):
+    model = tmp_path / "gunpoint" / "model.tflite"
+    model.parent.mkdir()
+    model.write_bytes((ROOT / "models/gunpoint/model.tflite").read_bytes())
+    text, servable = report(model)
+    assert servable and "output: {kind: classify, top_k: 2}" in text  # check-config refuses top_k 3 of 2
+    assert load_config(_snippet_config(tmp_path, text, labels=2)).routes[0].top_k == 2
+
+
 @pytest.mark.parametrize("name, kind, labels", [("ssd_mobilenet_v2_coco_quant.tflite", "detect", 90),
                                                 ("efficientnet_lite0_uint8.tflite", "classify", 1000)])
 def test_real_models_get_a_snippet_that_checks(tmp_path, name, kind, labels):
