@@ -20,6 +20,10 @@ from daemon.model.runtime import open_interface
 _PIXEL_SCALINGS = {(-1.0, 1.0): (127.5, 127.5), (0.0, 1.0): (0.0, 255.0)}
 _RANGE_TOLERANCE = 0.05
 _IMAGE_CHANNELS = (1, 3)
+# The shorter side of an input proposed as an image. The image models come at 28x28 (MNIST) to
+# 300x300 (SSD); a sensor window puts its channels or frames on an axis, which stays small:
+# [128, 3, 1] (a 3-axis accelerometer), [128, 9, 1] (an IMU), [5, 128, 1] (a stack of 5 spectra).
+_IMAGE_MIN_SIDE = 16
 _TOP_OPS = 8
 _TOP_K = 3  # a classifier's proposed top_k, or its number of classes when it has fewer
 
@@ -48,8 +52,18 @@ def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
     return "\n".join(lines), True
 
 
-def _is_image(spec: TensorSpec) -> bool:
-    return len(spec.shape) == 4 and spec.shape[3] in _IMAGE_CHANNELS
+def looks_like_image(spec: TensorSpec) -> bool:
+    """Whether to propose `format: image` for an input: [height, width, 1 or 3] with both sides at
+    least _IMAGE_MIN_SIDE, or [height, width] (grayscale) for a uint8 input, which is how pixels
+    come (an int8 or float [H, W] is far more often a sensor window or a spectrogram)."""
+    sample = spec.sample_shape
+    if len(sample) == 3 and sample[2] in _IMAGE_CHANNELS:
+        sides = sample[:2]
+    elif len(sample) == 2 and spec.dtype == np.uint8:
+        sides = sample
+    else:
+        return False
+    return min(sides) >= _IMAGE_MIN_SIDE
 
 
 def _pixel_steps(spec: TensorSpec) -> list[str]:
@@ -72,10 +86,9 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
     if labelled:
         lines.append(f"    labels: {path.with_suffix('.labels.txt')}   # one label per line, or 'id label' lines")
     lines += ["routes:", f"  - name: {name}", f"    subscribe: sensors/+/{name}", f"    model: {name}"]
-    if _is_image(spec):
-        height, width, channels = spec.shape[1:]
+    if looks_like_image(spec):
         resize = ", resize: letterbox" if kind == "detect" else ""
-        lines.append(f"    input: {{format: image, shape: [{height}, {width}, {channels}], dtype: uint8{resize}}}")
+        lines.append(f"    input: {{format: image, shape: {list(spec.sample_shape)}, dtype: uint8{resize}}}")
         lines += _pixel_steps(spec)
     else:
         lines.append(f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}")

@@ -11,7 +11,7 @@ import yaml
 
 from daemon import cli
 from daemon.config.loader import load_config
-from daemon.model.inspection import report
+from daemon.model.inspection import looks_like_image, report
 from daemon.model.runtime import Model, open_interface
 from tests.real_models import real_model
 
@@ -87,10 +87,14 @@ def test_an_int8_image_model_gets_the_pixel_scaling_its_input_range_says(tmp_pat
     assert _pixel_steps(tensor_spec((1, 96, 96, 3), np.uint8, scale=1 / 255, zero_point=0)) == []
 
 
-# --- What inspect reads, held against every real model the tests fetch and every bundled one ---
+# --- What inspect reads and proposes, held against every real model the tests fetch and every bundled one ---
 
-REAL_MODELS = ("ssd_mobilenet_v2_coco_quant.tflite", "ssd_mobilenet_v2_coco_quant_edgetpu.tflite",
-               "efficientnet_lite0_uint8.tflite", "deeplabv3_float.tflite", "okay_nabu_stateful.tflite")
+# name -> whether its input is an image. The image models: the two SSD MobileNets (uint8 [300, 300, 3]),
+# EfficientNet-Lite0 (uint8 [224, 224, 3]) and DeepLab v3 (float [257, 257, 3]); the others take a
+# sensor window, a feature vector or (okay_nabu) audio features [3, 40].
+REAL_MODELS = {"ssd_mobilenet_v2_coco_quant.tflite": True, "ssd_mobilenet_v2_coco_quant_edgetpu.tflite": True,
+               "efficientnet_lite0_uint8.tflite": True, "deeplabv3_float.tflite": True,
+               "okay_nabu_stateful.tflite": False}
 BUNDLED = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("models/*/*.tflite"))
 
 
@@ -130,3 +134,43 @@ def test_the_ops_are_the_files_own_not_a_delegates(name):
     if not interface.problems():  # as the daemon loads it, XNNPACK and all: the same ops
         assert Model(path).interface.ops == interface.ops
     assert interface.ops == _file_ops(path)  # (skipped where ai-edge-litert is not installed)
+
+
+@pytest.mark.parametrize("name", [n for n in [*REAL_MODELS, *BUNDLED] if not n.endswith("_edgetpu.tflite")])
+def test_an_image_is_proposed_for_the_image_models_only(tmp_path, name):
+    """(The Edge TPU model cannot be opened here; its CPU version, the same interface, stands for it.)"""
+    source = _model_path(name)
+    model = tmp_path / source.parent.name / source.name  # models/X/model.tflite keeps its name X
+    model.parent.mkdir()
+    model.write_bytes(source.read_bytes())
+    image = REAL_MODELS.get(name, False)
+    interface = open_interface(model)
+    assert looks_like_image(interface.inputs[0]) is image
+    text, servable = report(model)
+    if servable:  # the snippet proposes that format, and check-config takes it
+        labels = 90 if len(interface.outputs) > 1 else interface.outputs[0].sample_size
+        route = load_config(_snippet_config(tmp_path, text, labels)).routes[0]
+        assert route.input.format == ("image" if image else "json")
+        assert tuple(route.input.shape) == interface.inputs[0].sample_shape
+
+
+@pytest.mark.parametrize("shape, dtype, image", [
+    ((1, 128, 3, 1), np.int8, False),  # an accelerometer window: x, y, z over 128 samples
+    ((1, 5, 128, 1), np.int8, False),  # five stacked spectra
+    ((1, 1460, 1), np.int8, False),  # a power trace
+    ((1, 100, 6), np.float32, False),  # an IMU window
+    ((1, 96, 96, 1), np.int8, True),  # person detection, grayscale
+    ((1, 224, 224, 3), np.float32, True),
+    ((1, 224, 224, 3), np.uint8, True),
+    ((1, 28, 28), np.uint8, True),  # grayscale without a channel axis: uint8 says pixels
+    ((1, 28, 28), np.int8, False),  # ... an int8 [H, W] is a window or a spectrogram as often
+    ((1, 128, 3, 1), np.uint8, False),  # uint8 does not make an accelerometer window an image
+    ((1, 15, 64, 3), np.uint8, False),  # a side under 16
+    ((1, 16, 16, 3), np.int8, True),
+    ((1, 224, 224, 4), np.uint8, False),  # RGBA: the image route takes 1 or 3 channels
+    ((1, 3, 224, 224), np.float32, False),  # channels first: not the image route's layout
+])
+def test_the_image_heuristic(shape, dtype, image):
+    from tests.fakes import tensor_spec
+
+    assert looks_like_image(tensor_spec(shape, dtype, scale=0.1 if dtype != np.float32 else 0.0)) is image
