@@ -1,8 +1,9 @@
 """The same broker-only probes on mosquitto, rumqttd and ejabberd (paho v5 clients, no daemon).
 
-Each probe starts its own private broker (daemon/tools: `Broker` = mosquitto 2.0 with disk
-persistence and autosave_interval 1, `Rumqttd` = rumqttd 0.20, `Ejabberd` = ejabberd 23.01
-mod_mqtt) in a temporary directory on a free port, and prints one JSON line per (broker, probe).
+Each probe starts its own private broker (`Broker` = mosquitto 2.0 with disk persistence and
+autosave_interval 1, daemon/tools/broker.py; `Rumqttd` = rumqttd 0.20 and `Ejabberd` = ejabberd
+23.01 mod_mqtt, tests/integration/) in a temporary directory on a free port, and prints one JSON
+line per (broker, probe).
 A probe, not a test: it measures and asserts nothing; waits are fixed caps or "quiet for 1.5 s".
 
 Probes:
@@ -48,8 +49,8 @@ from paho.mqtt.properties import Properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from daemon.tools.broker import Broker, find_mosquitto  # noqa: E402
-from daemon.tools.ejabberd import Ejabberd, find_ejabberd  # noqa: E402
-from daemon.tools.rumqttd import Rumqttd, find_rumqttd  # noqa: E402
+from tests.integration.ejabberd import Ejabberd, find_ejabberd  # noqa: E402
+from tests.integration.rumqttd import Rumqttd, find_rumqttd  # noqa: E402
 
 HOST = "127.0.0.1"
 EXPIRY_S = 3600

@@ -1,7 +1,7 @@
 """What ejabberd 23.01's mod_mqtt guarantees, probed with paho and with the real daemon.
 
 A probe, not a test: it prints what it saw, one `probe: result` line each, and asserts
-nothing. Each probe starts its own private ejabberd (daemon/tools/ejabberd.py).
+nothing. Each probe starts its own private ejabberd (tests/integration/ejabberd.py).
 Run: python scripts/probe_ejabberd.py [probe ...]   (no argument: all of them)
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from daemon.config.reader import absolute_paths  # noqa: E402
 from daemon.tools.broker import end_process  # noqa: E402
-from daemon.tools.ejabberd import Ejabberd  # noqa: E402
+from tests.integration.ejabberd import Ejabberd  # noqa: E402
 
 WAIT_S = 30.0
 SETTLE_S = 1.5  # a probe, not a test: time for the broker to hand out what it has

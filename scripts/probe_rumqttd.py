@@ -1,4 +1,4 @@
-"""Which delivery guarantees hold on rumqttd 0.20 (PyPI iotcore 0.4; daemon/tools/rumqttd.py).
+"""Which delivery guarantees hold on rumqttd 0.20 (PyPI iotcore 0.4; tests/integration/rumqttd.py).
 
 Each probe prints one JSON line. Probes that need the daemon run the real `edge-inferd run`
 (the bundled activity model, cache off) against a private rumqttd. A probe, not a test: the
@@ -27,8 +27,8 @@ from paho.mqtt.properties import Properties
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.tools.rumqttd import MAX_PAYLOAD_SIZE, Rumqttd  # noqa: E402
 from tests.integration.conftest import Daemon, activity_payloads, write_config  # noqa: E402
+from tests.integration.rumqttd import MAX_PAYLOAD_SIZE, Rumqttd  # noqa: E402
 
 SETTLE_S = 1.0
 REPLY_WAIT_S = 40.0

@@ -40,7 +40,7 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
 fi
 # ejabberd's mod_mqtt, a second broker for tests/integration/test_ejabberd_broker.py (which skip
 # without it). Optional: a failed install only warns. The tests start their own instance
-# (daemon/tools/ejabberd.py); the package's system service would hold ports 1883, 5222, 5269,
+# (tests/integration/ejabberd.py); the package's system service would hold ports 1883, 5222, 5269,
 # 5280 and the node ejabberd@localhost, so it is stopped and disabled.
 if ! compgen -G '/usr/lib/*/ejabberd-[0-9]*/ebin/mod_mqtt.beam' >/dev/null \
         && ! compgen -G '/usr/lib/erlang/lib/ejabberd-[0-9]*/ebin/mod_mqtt.beam' >/dev/null; then

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 from daemon.errors import DaemonError
 
-_LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.1"  # every private broker listens here (tests/integration/rumqttd.py and ejabberd.py too)
 _READY_TIMEOUT_S = 10.0
 _POLL_S = 0.02
 _STOP_TIMEOUT_S = 5.0
@@ -60,7 +60,7 @@ def end_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: fl
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_LOOPBACK, 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
 
 
@@ -86,7 +86,7 @@ class BrokerProcess:
 
     @property
     def address(self) -> str:
-        return f"{_LOOPBACK}:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -120,7 +120,7 @@ class BrokerProcess:
                 raise DaemonError(f"{self.name} exited with {self._proc.returncode}; see {self.log_path}")
             if self._ready():
                 try:
-                    with socket.create_connection((_LOOPBACK, self.port), timeout=_POLL_S * 10):
+                    with socket.create_connection((LOOPBACK, self.port), timeout=_POLL_S * 10):
                         return
                 except OSError:
                     pass
@@ -184,6 +184,6 @@ class Broker(BrokerProcess):
             "log_dest": "stderr",
             **self._settings,
         }
-        lines = [f"listener {self.port} {_LOOPBACK}"] + [f"{key} {value}" for key, value in settings.items()]
+        lines = [f"listener {self.port} {LOOPBACK}"] + [f"{key} {value}" for key, value in settings.items()]
         conf.write_text("\n".join(lines + [f"log_type {kind}" for kind in self._log_types] + [""]))
         return conf

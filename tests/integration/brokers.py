@@ -44,12 +44,12 @@ class BrokerKind:
 
 
 def _rumqttd(workdir: Path):
-    from daemon.tools.rumqttd import Rumqttd
+    from tests.integration.rumqttd import Rumqttd
     return Rumqttd(workdir)
 
 
 def _rumqttd_tls(workdir: Path, ca: Path, cert: Path, key: Path):
-    from daemon.tools.rumqttd import Rumqttd
+    from tests.integration.rumqttd import Rumqttd
     return Rumqttd(workdir, settings={"certfile": str(cert), "keyfile": str(key)})  # no client certificates
 
 
@@ -58,7 +58,7 @@ def _mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path):
 
 
 def _ejabberd(workdir: Path):
-    from daemon.tools.ejabberd import Ejabberd
+    from tests.integration.ejabberd import Ejabberd
     return Ejabberd(workdir)
 
 
@@ -74,12 +74,12 @@ def _missing(find: Callable[[], object]) -> Callable[[], Optional[str]]:
 
 
 def _find_rumqttd() -> object:
-    from daemon.tools.rumqttd import find_rumqttd
+    from tests.integration.rumqttd import find_rumqttd
     return find_rumqttd()
 
 
 def _find_ejabberd() -> object:
-    from daemon.tools.ejabberd import find_ejabberd
+    from tests.integration.ejabberd import find_ejabberd
     return find_ejabberd()
 
 

@@ -1,4 +1,4 @@
-"""The private ejabberd (daemon/tools/ejabberd.py) as a second broker: it starts, carries
+"""The private ejabberd (tests/integration/ejabberd.py) as a second broker: it starts, carries
 v5 QoS 1, and keeps a session across a client's drop but not across its own restart
 (mod_mqtt keeps sessions in RAM tables only). Skipped where ejabberd is not installed."""
 
@@ -16,8 +16,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.errors import DaemonError
-from daemon.tools.ejabberd import Ejabberd, find_ejabberd
 from tests.integration.conftest import WAIT_S, Client
+from tests.integration.ejabberd import Ejabberd, find_ejabberd
 
 try:
     find_ejabberd()

@@ -1,4 +1,4 @@
-"""daemon/tools/rumqttd.py: a real rumqttd (PyPI iotcore 0.4) starts, carries QoS 1 over v5,
+"""tests/integration/rumqttd.py: a real rumqttd (PyPI iotcore 0.4) starts, carries QoS 1 over v5,
 stops and starts again, and names what went wrong when it cannot start."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon.errors import DaemonError
-from daemon.tools import rumqttd as rumqttd_module
-from daemon.tools.rumqttd import Rumqttd, find_rumqttd
+from tests.integration import rumqttd as rumqttd_module
 from tests.integration.conftest import WAIT_S, Client, Daemon, activity_payloads, write_config
+from tests.integration.rumqttd import Rumqttd, find_rumqttd
 from tests.integration.test_security import pki  # noqa: F401  (the fixture: the same certificates)
 
 needs_rumqttd = pytest.mark.skipif(importlib.util.find_spec("iotcore") is None,

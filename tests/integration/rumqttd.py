@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Optional
 
 from daemon.errors import DaemonError
-from daemon.tools.broker import _LOOPBACK, BrokerProcess, free_port
+from daemon.tools.broker import LOOPBACK, BrokerProcess, free_port
 
 # Bytes in one PUBLISH payload; rumqttd's default (20 KB) refuses camera frames.
 MAX_PAYLOAD_SIZE = 4 * 1024 * 1024
@@ -82,9 +82,9 @@ def _check_free(port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((_LOOPBACK, port))
+            sock.bind((LOOPBACK, port))
         except OSError as exc:
-            raise DaemonError(f"rumqttd cannot listen on {_LOOPBACK}:{port}: {exc.strerror}") from exc
+            raise DaemonError(f"rumqttd cannot listen on {LOOPBACK}:{port}: {exc.strerror}") from exc
 
 
 def _toml(value: object) -> str:
@@ -145,7 +145,7 @@ class Rumqttd(BrokerProcess):
         return "\n".join(lines)
 
     def _listener(self, key: str, port: int) -> list[str]:
-        server = {"name": key.replace(".", "-"), "listen": f"{_LOOPBACK}:{port}", "next_connection_delay_ms": 0}
+        server = {"name": key.replace(".", "-"), "listen": f"{LOOPBACK}:{port}", "next_connection_delay_ms": 0}
         connections = {
             "connection_timeout_ms": CONNECTION_TIMEOUT_MS,
             "max_payload_size": MAX_PAYLOAD_SIZE,

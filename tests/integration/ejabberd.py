@@ -40,9 +40,8 @@ from typing import Any, Optional
 import yaml
 
 from daemon.errors import DaemonError
-from daemon.tools.broker import BrokerProcess
+from daemon.tools.broker import LOOPBACK, BrokerProcess
 
-_LOOPBACK = "127.0.0.1"
 # A cold start (empty spool) takes about 1 s on an idle 2-core machine; the limit is for a loaded one.
 _READY_TIMEOUT_S = 60.0
 # ejabberd flushes mnesia and stops its listeners on SIGTERM; give it time before the SIGKILL.
@@ -100,7 +99,7 @@ class Ejabberd(BrokerProcess):
 
     def config(self) -> dict:
         """The ejabberd.yml written at each start, as a dict."""
-        listener = {"port": self.port, "ip": _LOOPBACK, "module": "mod_mqtt", "backlog": 1000}
+        listener = {"port": self.port, "ip": LOOPBACK, "module": "mod_mqtt", "backlog": 1000}
         extra = dict(self._settings)
         listener.update(extra.pop("listen", {}))
         base = {
@@ -144,4 +143,4 @@ class Ejabberd(BrokerProcess):
                 text = log.read().decode(errors="replace")
         except FileNotFoundError:
             return False
-        return f"Start accepting TCP connections at {_LOOPBACK}:{self.port} for mod_mqtt" in text
+        return f"Start accepting TCP connections at {LOOPBACK}:{self.port} for mod_mqtt" in text
