@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import configparser
 import os
 import shutil
 import site
@@ -15,6 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 300
+# Words in a test fixture's file name: the test brokers live in tests/integration/, not in the wheel.
+FIXTURE_WORDS = ("rumqttd", "ejabberd")
+# Modules the wheel ships that `edge-inferd` never runs, each with the reason it is still packed.
+NOT_RUN_BY_EDGE_INFERD = {
+    "daemon.tools.bench.detect": "the machinery of scripts/bench_detect.py, a dev benchmark (not a test fixture)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +43,62 @@ def test_the_wheel_holds_every_module_of_every_wing(wheel):
     with zipfile.ZipFile(wheel) as archive:
         packed = {name for name in archive.namelist() if name.startswith("daemon/") and name.endswith(".py")}
     assert packed == {p.relative_to(ROOT).as_posix() for p in (ROOT / "daemon").rglob("*.py")}
+
+
+def _wheel_modules(archive: zipfile.ZipFile) -> dict[str, ast.Module]:
+    """Every daemon module in the wheel, parsed from the wheel's own files: name -> its AST."""
+    modules = {}
+    for name in archive.namelist():
+        if name.startswith("daemon/") and name.endswith(".py"):
+            parts = name[:-len(".py")].split("/")
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(archive.read(name), name)
+    return modules
+
+
+def _named(tree: ast.Module) -> set[str]:
+    """What a module may load at run time: every import (at module level or inside a function;
+    `from a import b` names a.b too, in case b is a module) and every string that might name a
+    module whole (`[sys.executable, "-m", "daemon.tools.baselines"]`; "-m daemon" runs daemon.__main__)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0, "a relative import: resolve it here before counting on this check"
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found |= {node.value, f"{node.value}.__main__"}
+    return found
+
+
+def _run_by(entry: str, modules: dict[str, ast.Module]) -> set[str]:
+    """The wheel's modules that `entry` (a module) loads, directly or through the others, with the
+    packages above each (importing daemon.tools.bench.load runs daemon/tools/__init__.py)."""
+    seen, todo = set(), [entry]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in modules:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += [name for name in _named(modules[module]) if name in modules]
+    return seen
+
+
+def test_the_wheel_holds_no_test_fixture(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        fixtures = [name for name in archive.namelist() if any(word in name.lower() for word in FIXTURE_WORDS)]
+        modules = _wheel_modules(archive)
+        scripts = configparser.ConfigParser()
+        (entry_points,) = [name for name in archive.namelist() if name.endswith(".dist-info/entry_points.txt")]
+        scripts.read_string(archive.read(entry_points).decode())
+    assert fixtures == []
+    assert dict(scripts["console_scripts"]) == {"edge-inferd": "daemon.cli:main"}
+    run = _run_by("daemon.cli", modules)
+    assert "daemon.tools.broker" in run and "daemon.tools.bench.e2e" in run  # the demo's and the bench's mosquitto
+    # A module edge-inferd never loads is a test's or a script's: it belongs outside daemon/ (or on the list).
+    assert set(modules) - run == set(NOT_RUN_BY_EDGE_INFERD)
 
 
 def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
