@@ -19,8 +19,8 @@ from daemon.model.runtime import Model, file_sha256
 logger = logging.getLogger(__name__)
 
 SIGN_BATCH = 1  # the interface is read at the model's own batch size, as a node's first load reads it
-# Without the XNNPACK delegate: with it, litert lists DELEGATE nodes among the ops, so the manifest
-# would depend on the signing machine's runtime rather than on the model.
+# Without the XNNPACK delegate: the signing machine need not run the model as a node would (the
+# interface leaves out the DELEGATE nodes a delegate adds either way: model/interface.py).
 SIGN_XNNPACK = False
 
 
