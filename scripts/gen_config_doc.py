@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -305,6 +306,20 @@ def _numbers(a: np.ndarray) -> str:
     return np.array2string(np.round(a, 3), separator=", ", max_line_width=100).replace("\n", "\n     ")
 
 
+def _link_docs(text: str) -> str:
+    """A mention of another page, docs/NAME.md, as a link to it (this page is in docs/ too), outside code."""
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            spans = line.split("`")  # the even spans are outside backticks
+            spans[::2] = [re.sub(r"(?<![\w/\[])(?<!\]\()docs/([\w-]+\.md)\b", r"[\1](\1)", span) for span in spans[::2]]
+            line = "`".join(spans)
+        out.append(line)
+    return "\n".join(out)
+
+
 def render() -> str:
     docs = attribute_docs()
     lines = [INTRO.strip()] + sections_doc(docs) + steps_doc() + ["", "## Input formats"]
@@ -312,7 +327,7 @@ def render() -> str:
         if name not in FORMATS:
             raise SystemExit(f"input format {name!r} has no text: add it to FORMATS")
         lines += ["", f"### `{name}`", "", FORMATS[name].strip()]
-    return "\n".join(lines) + "\n"
+    return _link_docs("\n".join(lines)) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
