@@ -89,6 +89,11 @@ class BrokerProcess:
         return f"{LOOPBACK}:{self.port}"
 
     @property
+    def pid(self) -> Optional[int]:
+        """The running broker's process id (a benchmark reads its CPU from /proc), None when stopped."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def log_path(self) -> Path:
         """The file an error names: the broker's own log."""
         return self.workdir / self.log_name
