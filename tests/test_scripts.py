@@ -76,3 +76,15 @@ def test_repro_lost_burst_runs_and_compares_the_daemons_count_with_the_collector
     out = _run("scripts/repro_lost_burst.py", "--requests", "200", "--runs", "1", "--keep", str(tmp_path / "log"))
     assert "collector heard 200 of 200; the daemon received 200, results 200" in out
     assert "no run lost a reply in 1" in out
+
+
+def test_bench_http_runs_the_three_targets_and_gets_results_only(tmp_path):
+    assert "median" in _run("scripts/bench_http.py", "--rounds", "1", "--duration", "0.5", "--warmup", "0.5",
+                            "--rate", "100", "--connections", "4", "--json", str(tmp_path / "http.json"))
+    report = json.loads((tmp_path / "http.json").read_text())
+    (round_one,) = report["rounds"]
+    for target in ("http", "mqtt", "echo"):
+        row = round_one[target]
+        assert row["sent"] == 50 and row["results"] == 50 and row["hits"] == 0 and row["lost"] == 0, row
+        assert row["errors"] == {} and row["cpu_us"] >= 0  # a 0.5 s window may hold no clock tick
+    assert round_one["mqtt"]["broker_cpu_us"] >= 0 and round_one["ratios"]["http/echo p50_ms"] > 0
