@@ -19,13 +19,13 @@ def _run(*args: str) -> str:
 
 
 def test_profile_worker_runs():
-    assert "worker path" in _run("scripts/profile_worker.py", "--n", "20")
-    out = _run("scripts/profile_worker.py", "--n", "20", "--route", "gunpoint", "--serving")
+    assert "worker path" in _run("tools/dev/profile_worker.py", "--n", "20")
+    out = _run("tools/dev/profile_worker.py", "--n", "20", "--route", "gunpoint", "--serving")
     assert "serving at batch 1" in out and "worker path" in out
 
 
 def test_trace_latency_times_every_request_at_each_point():
-    out = _run("scripts/trace_latency.py", "--duration", "1")
+    out = _run("tools/dev/trace_latency.py", "--duration", "1")
     counts = out.split("; the last")[0].splitlines()[-1]  # "1050 read, 1050 take, 1050 reply, 1053 published ..."
     read, taken, replied, published = (int(part.split()[0]) for part in counts.split(", "))
     assert read == taken == replied >= 1000  # 1,000/s for 1 s (and the warm-up), each request at each point
@@ -35,7 +35,7 @@ def test_trace_latency_times_every_request_at_each_point():
 
 
 def test_bench_reuse_runs_and_reports_every_epsilon():
-    rows = [json.loads(line) for line in _run("scripts/bench_reuse.py", "--step", "0.2", "--repeat", "1",
+    rows = [json.loads(line) for line in _run("benchmarks/bench_reuse.py", "--step", "0.2", "--repeat", "1",
                                               "--eps", "1.0", "--batch", "1").splitlines()]
     assert {(r["route"], r["eps"]) for r in rows} == {(route, eps) for route in ("activity-raw", "appliance-raw")
                                                       for eps in (None, 1.0)}
@@ -43,14 +43,14 @@ def test_bench_reuse_runs_and_reports_every_epsilon():
 
 
 def test_measure_cascade_runs_and_reports_the_three_ways():
-    report = json.loads(_run("scripts/measure_cascade.py", "--repeat", "1"))
+    report = json.loads(_run("benchmarks/measure_cascade.py", "--repeat", "1"))
     assert {"fast", "large", "cascade"} <= report.keys() and report["n"] == 100
     assert 0.0 <= report["escalated_share"]["all"] <= 1.0
 
 
 def test_bench_detect_runs_the_naive_script_and_the_daemon_on_camera_frames(tmp_path):
     models = real_model("ssd_mobilenet_v2_coco_quant.tflite").parent
-    table = _run("scripts/bench_detect.py", "--frames", "3", "--rounds", "1", "--rates", "0.5x", "--duration", "0.5",
+    table = _run("benchmarks/bench_detect.py", "--frames", "3", "--rounds", "1", "--rates", "0.5x", "--duration", "0.5",
                  "--warmup", "1", "--out", str(tmp_path), "--models", str(models))
     assert "daemon-t2" in table
     report = json.loads((tmp_path / "bench_detect.json").read_text())
@@ -66,14 +66,14 @@ def test_bench_detect_runs_the_naive_script_and_the_daemon_on_camera_frames(tmp_
 
 
 def test_drift_demo_warns_on_the_shifted_steps_only():
-    out = _run("scripts/drift_demo.py", "--replays", "2", "--plot", "")
+    out = _run("benchmarks/drift_demo.py", "--replays", "2", "--plot", "")
     activity = [line.split(" | ") for line in out.splitlines() if line.startswith("| activity |")]
     assert len(activity) == 6 and float(activity[0][4]) < 0.1 and float(activity[4][4]) > 0.25  # labels PSI
     assert "cost per answer on the reply path" in out
 
 
 def test_repro_lost_burst_runs_and_compares_the_daemons_count_with_the_collectors(tmp_path):
-    out = _run("scripts/repro_lost_burst.py", "--requests", "200", "--runs", "1", "--keep", str(tmp_path / "log"))
+    out = _run("tools/dev/repro_lost_burst.py", "--requests", "200", "--runs", "1", "--keep", str(tmp_path / "log"))
     assert "collector heard 200 of 200; the daemon received 200, results 200" in out
     assert "no run lost a reply in 1" in out
 

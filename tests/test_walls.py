@@ -163,10 +163,16 @@ def _defined(path: Path) -> set[str]:
     return names
 
 
+def _outside_the_package() -> list[Path]:
+    """The Python files that use the package from outside it: tests, scripts, benchmarks, tools."""
+    return [path for folder in ("tests", "scripts", "benchmarks", "tools") for path in (ROOT / folder).rglob("*.py")]
+
+
 def test_names_are_imported_from_where_they_are_defined():
     """No facades: `from daemon.x import y` finds y defined in x (or y is a module), so reading
-    an import always leads to the definition. Covers the package, the tests and the scripts."""
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    an import always leads to the definition. Covers the package, the tests, the scripts, the
+    benchmarks and the tools."""
+    files = [*PACKAGE.rglob("*.py"), *_outside_the_package()]
     wrong = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -182,3 +188,4 @@ def test_names_are_imported_from_where_they_are_defined():
 def test_the_walls_cover_every_wing():
     wings = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert wings == set(ALLOWED), "a new wing needs its row in ALLOWED and in docs/architecture.md"
+

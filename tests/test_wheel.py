@@ -21,7 +21,7 @@ BUILD_TIMEOUT_S = 300
 FIXTURE_WORDS = ("rumqttd", "ejabberd")
 # Modules the wheel ships that `edge-inferd` never runs, each with the reason it is still packed.
 NOT_RUN_BY_EDGE_INFERD = {
-    "daemon.tools.bench.detect": "the machinery of scripts/bench_detect.py, a dev benchmark (not a test fixture)",
+    "daemon.tools.bench.detect": "the machinery of benchmarks/bench_detect.py, a dev benchmark (not a test fixture)",
 }
 
 

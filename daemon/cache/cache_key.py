@@ -11,7 +11,7 @@ Why 128 bits, as bytes: the first 64 bits are the hash (the doorkeeper's bits co
 them too, doorkeeper.py), the other 64 are the check. A dict compares the whole key on a
 hit, so two inputs share an entry only when all 128 bits agree: with N entries about
 N²/2^129, 1e-27 for a million. A 16-byte `bytes` costs 49 bytes in memory, against 113 for
-the sha256 hex `str` this replaced, and hashes at half its cost (scripts/bench_cache.py).
+the sha256 hex `str` this replaced, and hashes at half its cost (benchmarks/bench_cache.py).
 hashlib only: the pure pipeline computes keys without importing any storage library.
 """
 

@@ -14,7 +14,7 @@ reset), at a fixed size, with no per-key objects.
 Why a Bloom filter and not a set of 64-bit hashes: for the default window (65,536 keys per
 generation) a Python set costs about 4.2 MiB per generation (tracemalloc, CPython 3.11),
 the two filters 256 KiB in all; a lookup costs ~0.85 µs a key against ~0.2 µs, both far
-below the cost it saves (scripts/bench_cache.py).
+below the cost it saves (benchmarks/bench_cache.py).
 
 False positives (a first sighting taken for a repeat, so stored once too early): each
 filter has m = 2^20 bits and k = 4 bits per key, so a full generation answers yes to a new

@@ -13,7 +13,7 @@ What it pays for, and when:
   repeats stores nothing: the first sighting is refused, the second admitted, the third hits;
 - the disk (disk_tier.py) is read only for models whose invoke costs more than a disk read,
   and for the same reason only their results are written to it, behind, by one thread.
-scripts/bench_cache.py measures it.
+benchmarks/bench_cache.py measures it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The config's schema: one frozen dataclass per YAML section, a docstring per field.
 
 Under both the readers (loader.py and a module per section) and the checks (check.py):
-this module reads nothing and checks nothing. `scripts/gen_config_doc.py` writes
+this module reads nothing and checks nothing. `tools/gen_config_doc.py` writes
 docs/config.md from these dataclasses.
 """
 
@@ -44,7 +44,7 @@ DEFAULT_MAX_RESULTS = 10
 COALESCE_LATEST = "latest"
 COALESCE_CHOICES = (COALESCE_LATEST,)  # routes[].coalesce
 DEFAULT_TOP_K = 3
-# Field metadata read by scripts/gen_config_doc.py (docs/config.md): "yaml" is the key when it
+# Field metadata read by tools/gen_config_doc.py (docs/config.md): "yaml" is the key when it
 # differs from the field's name, "doc_default" a default that is not a literal, "doc": False
 # hides a field that is not a YAML key.
 _HIDDEN = {"doc": False}

@@ -111,7 +111,7 @@ def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[
     """The route and the naive per-message body: decode, preprocess, INT8 invoke, reply JSON, for the
     route's input format (json, raw, npy) and output kind (classify, anomaly, values).
 
-    scripts/profile_worker.py times this same function against the daemon's worker path."""
+    tools/dev/profile_worker.py times this same function against the daemon's worker path."""
     config, route = _route(config_path, route_name)
     decode, model = _decoder(route), Model(config.models[route.model].path)
     found = read_labels(config.models[route.model].labels)

@@ -2,7 +2,7 @@
 
 Profiled on a 5,000-request burst (py-spy, docs/performance.md), paho itself was about
 a third of the daemon's CPU; these of its habits are taken off the request path (the last
-measured with scripts/bench_link.py, docs/performance.md, "The paho thread"):
+measured with benchmarks/bench_link.py, docs/performance.md, "The paho thread"):
 - **Reads**: `_packet_read` takes each packet in two to four `recv()` calls (one byte
   for the command, one per remaining-length byte, then the body), each a system call:
   `_sock_recv` alone was 17% of the samples. Here one `recv()` reads ahead about

@@ -1,4 +1,4 @@
-"""docs/config.md is generated (scripts/gen_config_doc.py) and must not go stale."""
+"""docs/config.md is generated (tools/gen_config_doc.py) and must not go stale."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "scripts" / "gen_config_doc.py")
+    spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "tools" / "gen_config_doc.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_docs_config_md_is_up_to_date():
-    assert _generator().main(["--check"]) == 0, "docs/config.md is stale: run python scripts/gen_config_doc.py"
+    assert _generator().main(["--check"]) == 0, "docs/config.md is stale: run python tools/gen_config_doc.py"
 
 
 def test_every_key_step_and_format_is_documented():

@@ -10,7 +10,7 @@ import numpy as np
 from tests.integration.conftest import ROOT, burst, write_config
 
 STATS = "edge-inferd/edge-inferd/stats"
-ACC_X_OFFSET_MS2 = 8.0  # a sensor bias on the accelerometer's x axis (scripts/drift_demo.py: accuracy 0.34)
+ACC_X_OFFSET_MS2 = 8.0  # a sensor bias on the accelerometer's x axis (benchmarks/drift_demo.py: accuracy 0.34)
 
 
 def _payloads(offset: float, first_id: int) -> list[bytes]:

@@ -57,7 +57,7 @@ def far_rows(n: int) -> np.ndarray:
     """n traces of models/appliance/test.npz, spread over the split (it is sorted by appliance,
     ten traces each), as the far tier receives them: the near node's `escalate.preprocess`,
     appliance_large's own steps from its card (standardize, clip, reshape to [1460, 1]), applied
-    to the decoded input (as scripts/measure_cascade.py does)."""
+    to the decoded input (as benchmarks/measure_cascade.py does)."""
     card = json.loads((MODEL.parent / "card.json").read_text())
     steps = tuple(preprocess.parse_step(step) for step in card["preprocessing"])
     with np.load(ROOT / "models" / "appliance" / "test.npz") as data:

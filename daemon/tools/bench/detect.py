@@ -1,4 +1,4 @@
-"""Detection end to end, the machinery of scripts/bench_detect.py: camera frames, the reply
+"""Detection end to end, the machinery of benchmarks/bench_detect.py: camera frames, the reply
 collector, the publisher, one consumer's start and one phase's measurement.
 
 Frame k is photo k % 3 (from the test models' folder) fitted to 640x480, shifted by up to

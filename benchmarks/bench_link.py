@@ -1,6 +1,6 @@
 """The transport's own CPU per request: an echo through an MqttLink against the bare paho echo.
 
-    python scripts/bench_link.py [--link [ROOT@]daemon.transport.mqtt:MqttLink ...] [--requests 10000]
+    python benchmarks/bench_link.py [--link [ROOT@]daemon.transport.mqtt:MqttLink ...] [--requests 10000]
         [--rounds 3] [--floats 150] [--protocol 5|3.1.1] [--reply-from worker|loop] [--correlation DATA]
         [--no-echo]
 
@@ -214,11 +214,17 @@ def _consumers(args: argparse.Namespace, broker: Broker, files: Path, rnd: int) 
         counts = files / f"{cid}.counts"
         spec_protocol, _, protocol = spec.partition("#")  # ...#3.1.1: this link on another protocol
         root, _, link = spec_protocol.rpartition("@")  # ROOT@MODULE:CLASS: that tree's copy of this script serves it
-        script = Path(root) / "scripts" / Path(__file__).name if root else Path(__file__)
+        script = _script_in(Path(root)) if root else Path(__file__)
         found.append((spec, [python, str(script), "serve", "--link", link, "--broker", broker.address,
                              "--client-id", cid, "--protocol", protocol or args.protocol, "--reply-from", args.reply_from,
                              "--counts", str(counts)], cid, counts))
     return found
+
+
+def _script_in(root: Path) -> Path:
+    """This script in another checkout: benchmarks/, or scripts/ in one from before the move."""
+    moved = root / "benchmarks" / Path(__file__).name
+    return moved if moved.exists() else root / "scripts" / Path(__file__).name
 
 
 def run(args: argparse.Namespace) -> list[dict]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The daemon over `mqtt.transport: paho` and `native`, and the paho echo, side by side.
 
-    .venv/bin/python scripts/bench_transport.py [--requests 10000] [--rounds 3] [--route load]
+    .venv/bin/python benchmarks/bench_transport.py [--requests 10000] [--rounds 3] [--route load]
 
 Each round, for each consumer in turn (the order alternates between rounds): a fresh private
 mosquitto, the consumer started and online, then a `mosquitto_pub -l` burst at QoS 1 of

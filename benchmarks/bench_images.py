@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode + resize cost per camera frame (daemon/pipeline/images.py), CPU and wall time.
 
-    .venv/bin/python scripts/bench_images.py [--frames 300] [--photo PATH]
+    .venv/bin/python benchmarks/bench_images.py [--frames 300] [--photo PATH]
 
 A 640x480 JPEG (quality 85) into 300x300 stretched and 320x320 letterboxed, and a 1920x1080
 JPEG into 300x300 with libjpeg's reduced-scale decode (draft) and without. The frames are

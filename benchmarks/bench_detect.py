@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Detection end to end: camera frames through the naive script and the daemon (threads 1 and 2).
 
-    .venv/bin/python scripts/bench_detect.py [--frames 300] [--rounds 3] [--rates 10 0.8x] [--duration 5]
+    .venv/bin/python benchmarks/bench_detect.py [--frames 300] [--rounds 3] [--rates 10 0.8x] [--duration 5]
         [--warmup 5] [--out bench-detect] [--models .cache/test-models]
 
 The frames are 640x480 JPEGs (quality 85) made from scikit-image's astronaut, chelsea and

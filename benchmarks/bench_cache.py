@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU cost of the result cache per request: cache on vs off, on a stream that never repeats.
 
-    .venv/bin/python scripts/bench_cache.py [--routes activity-raw appliance-raw] [--requests 5000]
+    .venv/bin/python benchmarks/bench_cache.py [--routes activity-raw appliance-raw] [--requests 5000]
                                             [--rounds 3] [--root DIR] [--repeat-share 0.0]
 
 For each route of config.yaml (its bundled model, one interpreter, batch buckets up to 32),

@@ -2,7 +2,7 @@
 """Train, convert and card every model edge-inferd ships (reproducible: fixed seeds).
 
     pip install -e '.[train]'         # tensorflow-cpu, aeon, scikit-learn: never needed at run time
-    python scripts/train_models.py    # all models; or name some: activity appliance appliance_large gunpoint digits
+    python tools/train_models.py    # all models; or name some: activity appliance appliance_large gunpoint digits
                                       #   load_anomaly activity_float_io
 
 For each model it reads the route's `preprocess:` steps from the config that serves it
@@ -153,7 +153,7 @@ def build_fcn(shape, n_classes):
 
 
 def fit_minirocket(spec: "Spec", x: np.ndarray, y: np.ndarray, n_classes: int):
-    """MiniRocket's 9,996 features and a ridge head as one Keras model (scripts/minirocket_tflite.py)."""
+    """MiniRocket's 9,996 features and a ridge head as one Keras model (tools/minirocket_tflite.py)."""
     import minirocket_tflite
 
     return minirocket_tflite.fit(x, y, n_classes, SEED, lambda model, rep: convert(model, rep, quantize=True))
@@ -189,7 +189,7 @@ SPECS = [
          load_acsf1, None, epochs=0, batch_size=0, fit=fit_minirocket,
          training={"method": "MiniRocket (Dempster et al. 2021, aeon), 9,996 PPV features, RidgeClassifierCV "
                              "head, softmax temperature by 5-fold CV; INT8 head fitted to the INT8 features",
-                   "module": "scripts/minirocket_tflite.py"},
+                   "module": "tools/minirocket_tflite.py"},
          notes="the appliance route's escalation tier (docs/performance.md, Confidence cascade): the same "
                "data as `appliance` at full resolution (standardize, clip, no downsampling: on the near "
                "node, escalate.preprocess), MiniRocket's transform and a ridge classifier as INT8 layers"),
@@ -582,7 +582,7 @@ def _float_interface_card(spec: FloatInterfaceSpec, base: Spec, labels, steps, x
         "name": spec.name,
         "purpose": "test fixture: INT8 kernels inside, float32 input and output (an INT8 model with a float "
                    "interface: the daemon passes floats and the graph quantizes itself)",
-        "made_by": f"scripts/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
+        "made_by": f"tools/train_models.py {spec.name}: the `{base.name}` spec's data, route preprocessing "
                    f"({base.config}, route {base.route}), seed and training (fit_members), converted with "
                    "optimizations=DEFAULT, the preprocessed training split as representative data and "
                    "TFLITE_BUILTINS_INT8, but without inference_input_type / inference_output_type",

@@ -2,7 +2,7 @@
 """The cascade's far tier: `to_v2` (MLServer, KServe) against `to_topic` (docs/http.md, "Figures:
 the far tier against to_topic"):
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/measure_far_tier.py [--rounds 2] [--rate 8] [--json out.json]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/measure_far_tier.py [--rounds 2] [--rate 8] [--json out.json]
 
 Needs mosquitto (and mosquitto-clients) and the v2 venvs (./scripts/setup_v2.sh); a mode whose
 server cannot run is skipped and said so. One private mosquitto, one far edge-inferd serving

@@ -9,7 +9,7 @@ collector heard, which says on which side of the broker the replies went missing
 the daemon's stats every STATS_INTERVAL_S (received, answered, its queue and hold, its replies the
 broker has not confirmed) beside the replies heard by then, which says when and where they stalled.
 
-    python scripts/repro_lost_burst.py --route activity --requests 30000 --runs 10
+    python tools/dev/repro_lost_burst.py --route activity --requests 30000 --runs 10
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from daemon.obs.stats_topic import stopped_stats

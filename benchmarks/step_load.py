@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Step load against the real daemon: idle, then a multiple of one worker's capacity, then idle.
 
-    python scripts/step_load.py                       # docs/bench-autoscale.png and .csv
-    python scripts/step_load.py --cooldown 30 --idle-after 130
+    python benchmarks/step_load.py                       # docs/bench-autoscale.png and .csv
+    python benchmarks/step_load.py --cooldown 30 --idle-after 130
 
 A private mosquitto (daemon/tools/broker.py), one reply collector and one open-loop publisher
 (`mosquitto_pub -l`, daemon/tools/bench/load.py). First one worker's capacity is measured: a

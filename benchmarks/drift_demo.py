@@ -2,8 +2,8 @@
 """Drift on real data: a bundled test set replayed clean, then with a sensor fault, through the daemon's
 own request path and drift monitor (no broker), reporting accuracy and PSI per step.
 
-    python scripts/drift_demo.py                     # table on stdout, docs/drift.png
-    python scripts/drift_demo.py --plot ''           # no plot
+    python benchmarks/drift_demo.py                     # table on stdout, docs/drift.png
+    python benchmarks/drift_demo.py --plot ''           # no plot
 
 Route `activity` (models/activity/test.npz, 40 IMU windows, the bundled INT8 model): each step
 replays the set `--replays` times with a little sensor noise (`--noise` of each channel's std, so

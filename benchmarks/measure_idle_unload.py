@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scale to zero, measured: RSS of a real daemon before and after an idle unload, per model.
 
-    .venv/bin/python scripts/measure_idle_unload.py [--idle-s 2] [--workers 2]
+    .venv/bin/python benchmarks/measure_idle_unload.py [--idle-s 2] [--workers 2]
 
 For each bundled model: a private mosquitto and `edge-inferd run` on a copy of config.yaml
 that keeps only that model and its routes (cache off, `workers.idle_unload_s` = --idle-s,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The confidence cascade on the appliance route: accuracy, escalated share and CPU per request.
 
-    python scripts/measure_cascade.py [--repeat 5]
+    python benchmarks/measure_cascade.py [--repeat 5]
 
 Runs models/appliance/test.npz (ACSF1's held-out split) through the daemon's own pipeline
 (`daemon.pipeline.request_path.handle_batch`, one request per call as a worker sees a lone request, JSON

@@ -1,6 +1,6 @@
 """How far ai-edge-litert's scores are from tflite-runtime's on this machine, per bundled model.
 
-    .venv/bin/python scripts/parity_report.py [TFLITE_PYTHON | SCORES.npz]   (default: .venv-tflite/bin/python)
+    .venv/bin/python benchmarks/parity_report.py [TFLITE_PYTHON | SCORES.npz]   (default: .venv-tflite/bin/python)
 
 Scores every test sample of the models tests/model/test_parity.py checks: tflite-runtime in
 its own venv (tests/parity_helper.py), litert here with XNNPACK (the default) and without

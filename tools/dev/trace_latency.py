@@ -2,7 +2,7 @@
 """Where a request's time goes inside the daemon in an open loop: read -> taken by a worker ->
 reply queued -> reply written to the socket, per request, as percentiles.
 
-    .venv/bin/python scripts/trace_latency.py [--route gunpoint] [--duration 5]
+    .venv/bin/python tools/dev/trace_latency.py [--route gunpoint] [--duration 5]
 
 Runs `edge-inferd bench e2e --only openloop1000` (1,000 distinct requests/s, the config as
 written), with the daemon's child process timing four points with `time.perf_counter_ns`
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TRACER = '''
 import atexit, json, os, sys, time

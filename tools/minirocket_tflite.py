@@ -1,6 +1,6 @@
 """MiniRocket (Dempster et al. 2021) as one INT8 TFLite model: the heavy tier of the appliance cascade.
 
-Used by scripts/train_models.py (`appliance_large`); needs the `train` extra (tensorflow-cpu,
+Used by tools/train_models.py (`appliance_large`); needs the `train` extra (tensorflow-cpu,
 aeon, scikit-learn), never the daemon.
 
 aeon's MiniRocket chooses the dilations and the biases from the training split. Its transform

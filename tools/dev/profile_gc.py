@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The garbage collector's share of the daemon's CPU on a burst, by GC setting, end to end.
 
-    .venv/bin/python scripts/profile_gc.py [--route activity] [--n 5000] [--modes default freeze gen0=10000]
+    .venv/bin/python tools/dev/profile_gc.py [--route activity] [--n 5000] [--modes default freeze gen0=10000]
 
 For each mode in turn (alternating over `--rounds`), a private mosquitto and `edge-inferd run`
 (the default config, cache off, so every request runs the model) serve a warm-up, then a
@@ -31,7 +31,7 @@ import paho.mqtt.client as paho
 import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from daemon.config.reader import absolute_paths  # noqa: E402

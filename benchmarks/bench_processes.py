@@ -3,7 +3,7 @@
 For each P: a private mosquitto, `edge-inferd run` on config.yaml with the cache off and
 `workers.processes: P`; once the node is `online`, N activity requests are published at
 once (QoS 1) and the rate is N / (time from the first to the last reply).
-Run: python scripts/bench_processes.py --processes 1 2 --requests 10000
+Run: python benchmarks/bench_processes.py --processes 1 2 --requests 10000
 """
 
 from __future__ import annotations

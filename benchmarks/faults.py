@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault runs too slow or too lossy for the suite; today one: the broker SIGKILLed mid-stream.
 
-    .venv/bin/python scripts/faults.py broker-kill [--runs 3] [--down-s 3] [--rate 200] [--out f.json]
+    .venv/bin/python benchmarks/faults.py broker-kill [--runs 3] [--down-s 3] [--rate 200] [--out f.json]
 
 A private mosquitto (persistence on, `autosave_interval 1`: daemon/tools/broker.py), the real
 daemon with its persistent session, and two persistent paho v5 clients of their own

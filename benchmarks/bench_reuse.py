@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hit rate, CPU and accuracy of the per-device reuse fast path (routes[].reuse) on the bundled test sets.
 
-    python scripts/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5] [--batch round 1]
+    python benchmarks/bench_reuse.py [--eps 0.05 0.1 0.25 0.5 1.0] [--step 0.1] [--repeat 5] [--batch round 1]
                                   [--per-device]
 
 Each class's test series are joined into one long recording, one device per class, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU per request of serving without MQTT: intake (route, admit, hand-off) + workers + replies.
 
-    .venv/bin/python scripts/profile_intake.py [--route activity] [--n 4000] [--burst 32]
+    .venv/bin/python tools/dev/profile_intake.py [--route activity] [--n 4000] [--burst 32]
                                                [--workers 1] [--gc default|freeze|gen0=N] [--rounds 3]
 
 A recorder stands in for the transport (it counts replies, parses nothing). Requests are
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(os.environ.get("EDGE_INFERD_ROOT") or Path(__file__).resolve().parents[1])
+ROOT = Path(os.environ.get("EDGE_INFERD_ROOT") or Path(__file__).resolve().parents[2])
 sys.path.insert(0, str(ROOT))
 
 from daemon.config.loader import load_config  # noqa: E402

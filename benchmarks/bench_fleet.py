@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fleet delivery's figures on one node (docs/fleet.md, "Figures"):
 
-    .venv/bin/python scripts/bench_fleet.py [--rounds 3] [--rate 200]
+    .venv/bin/python benchmarks/bench_fleet.py [--rounds 3] [--rate 200]
 
 Per round, a fresh node serving the bundled activity model (managed, config.yaml's defaults for
 the fleet but a canary of 0 s and 0 answers, so "active" is the delivery itself) on a private

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-message cost of the worker path (decode -> pipeline -> encode) vs the naive inline body.
 
-    .venv/bin/python scripts/profile_worker.py [--n 3000] [--route activity] [--profile]
+    .venv/bin/python tools/dev/profile_worker.py [--n 3000] [--route activity] [--profile]
 
 No MQTT: this isolates what a worker does from transport and threading costs. `--serving` also
 times one request through what serves it around the pipeline, at batch 1 (intake, admission, the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from daemon.config.loader import load_config
