@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daemon.tools.bench.plan import Plan  # noqa: E402
-from daemon.tools.bench.load import LinePublisher, _host_port, json_line  # noqa: E402
+from daemon.tools.bench.load import LinePublisher, host_port, json_line  # noqa: E402
 from daemon.tools.broker import end_process  # noqa: E402
 from daemon.tools.bench.phases import REQUEST_TOPIC, Bench, Consumer, activity_lines  # noqa: E402
 from daemon.tools.broker import Broker  # noqa: E402
@@ -53,7 +53,7 @@ class StatsReader:
 
     def __init__(self, address: str, client_id: str, t0: float):
         topic = f"edge-inferd/{client_id}/stats"
-        self._proc = subprocess.Popen(["mosquitto_sub", *_host_port(address), "-t", topic],
+        self._proc = subprocess.Popen(["mosquitto_sub", *host_port(address), "-t", topic],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.samples: list[tuple[float, int, int]] = []
         self.last: dict = {}

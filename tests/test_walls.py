@@ -189,3 +189,14 @@ def test_the_walls_cover_every_wing():
     wings = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert wings == set(ALLOWED), "a new wing needs its row in ALLOWED and in docs/architecture.md"
 
+
+def test_nothing_outside_the_package_imports_a_private_name_of_it():
+    """Tests, scripts, benchmarks and tools use the package through its public names only: a name
+    with a leading underscore may change without a caller outside daemon/ to update."""
+    private = []
+    for path in _outside_the_package():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "daemon":
+                private += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}"
+                            for alias in node.names if alias.name.startswith("_")]
+    assert private == []

@@ -66,7 +66,7 @@ def looks_like_image(spec: TensorSpec) -> bool:
     return min(sides) >= _IMAGE_MIN_SIDE
 
 
-def _pixel_steps(spec: TensorSpec) -> list[str]:
+def pixel_steps(spec: TensorSpec) -> list[str]:
     """preprocess lines that turn pixels 0..255 into the model's real input values."""
     if spec.dtype == np.uint8:
         return []  # quantized vision models take the decoded pixels as they are
@@ -89,7 +89,7 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
     if looks_like_image(spec):
         resize = ", resize: letterbox" if kind == "detect" else ""
         lines.append(f"    input: {{format: image, shape: {list(spec.sample_shape)}, dtype: uint8{resize}}}")
-        lines += _pixel_steps(spec)
+        lines += pixel_steps(spec)
     else:
         lines.append(f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}")
     top_k = min(_TOP_K, interface.outputs[0].sample_size)

@@ -201,7 +201,7 @@ def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Pa
         replies = {reply_topic(r.route) for r in runs.values()}
         client = Replayer(broker.address, config.mqtt.status_topic, runs, replies)
         try:
-            replayed = _replay(client, daemon, runs, verbose, skipped)
+            replayed = replay(client, daemon, runs, verbose, skipped)
             return _stop(client, daemon) and replayed
         finally:
             client.close()
@@ -211,8 +211,8 @@ def _serve(config_path: Path, config: Config, runs: dict[str, RouteRun], tmp: Pa
             print(f"daemon log: {(tmp / 'daemon.log').read_text()[-2000:]}" if daemon.returncode else "", end="")
 
 
-def _replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool],
-            skipped: Optional[str] = None) -> bool:
+def replay(client: Replayer, daemon: subprocess.Popen, runs: dict[str, RouteRun], verbose: Optional[bool],
+           skipped: Optional[str] = None) -> bool:
     """Send every sample, WINDOW at a time; print the replies (none when `verbose` is None) and the summary
     (`skipped`: why no camera was shown)."""
     if not client.wait_for(lambda: client.status == STATUS_ONLINE or daemon.poll() is not None, _READY_TIMEOUT_S):

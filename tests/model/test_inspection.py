@@ -79,12 +79,12 @@ def test_an_edge_tpu_model_is_a_model_error_that_says_so(capsys):
 
 
 def test_an_int8_image_model_gets_the_pixel_scaling_its_input_range_says(tmp_path):
-    from daemon.model.inspection import _pixel_steps
+    from daemon.model.inspection import pixel_steps
     from tests.fakes import tensor_spec
 
-    assert _pixel_steps(tensor_spec((1, 96, 96, 3), np.int8, scale=1 / 128, zero_point=0)) == [
+    assert pixel_steps(tensor_spec((1, 96, 96, 3), np.int8, scale=1 / 128, zero_point=0)) == [
         "    preprocess:", "      - normalize: {mean: 127.5, std: 127.5}   # pixels -> -1..1"]
-    assert _pixel_steps(tensor_spec((1, 96, 96, 3), np.uint8, scale=1 / 255, zero_point=0)) == []
+    assert pixel_steps(tensor_spec((1, 96, 96, 3), np.uint8, scale=1 / 255, zero_point=0)) == []
 
 
 # --- What inspect reads and proposes, held against every real model the tests fetch and every bundled one ---

@@ -19,7 +19,7 @@ from daemon.config.loader import load_config
 from daemon.config.reader import absolute_paths
 from daemon.pipeline.scoring import roc_auc
 from daemon.tools import demo_camera
-from daemon.tools.demo import FIRST_ANSWERS, WINDOW, _replay, answer_lines, run_demo, summary_lines
+from daemon.tools.demo import FIRST_ANSWERS, WINDOW, answer_lines, replay, run_demo, summary_lines
 from daemon.tools.demo_kinds import ANOMALY_SAMPLES, VALUES_SAMPLES, RouteRun, balanced, sample_indices
 from tests.real_models import real_model
 
@@ -279,5 +279,5 @@ def test_a_daemon_that_dies_before_it_is_online_fails_the_demo_at_once(capsys):
 
     daemon = SimpleNamespace(poll=lambda: 1, returncode=1, pid=4242)
     run = RouteRun(SimpleNamespace(name="r"), np.zeros((3, 2)), np.zeros(3), ["a"])
-    assert _replay(Client(), daemon, {"r": run}, None) is False
+    assert replay(Client(), daemon, {"r": run}, None) is False
     assert capsys.readouterr().out == "daemon: exited with code 1 before it came online\n"

@@ -55,7 +55,7 @@ def require_clients() -> None:
         raise DaemonError(f"{' and '.join(missing)} not found: apt-get install mosquitto-clients")
 
 
-def _host_port(address: str) -> list[str]:
+def host_port(address: str) -> list[str]:
     host, port = address.rsplit(":", 1)
     return ["-h", host, "-p", port]
 
@@ -76,7 +76,7 @@ def subscriber(address: str, topic_filter: str, *extra: str) -> subprocess.Popen
     """`mosquitto_sub` on `topic_filter` at QoS 1 with a wide v5 receive window, its stdout a wide
     pipe (it absorbs bursts, so mosquitto_sub never waits on the reader thread); `extra`: more
     options, e.g. an output format."""
-    cmd = ["mosquitto_sub", *_host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW, *extra]
+    cmd = ["mosquitto_sub", *host_port(address), "-q", QOS, "-t", topic_filter, *_WIDE_WINDOW, *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
@@ -149,7 +149,7 @@ class LinePublisher:
     more options, e.g. EXPIRY_ARGS."""
 
     def __init__(self, address: str, topic: str, extra: tuple[str, ...] = ()):
-        self._proc = subprocess.Popen(["mosquitto_pub", *_host_port(address), "-q", QOS, "-t", topic, "-l", *extra],
+        self._proc = subprocess.Popen(["mosquitto_pub", *host_port(address), "-q", QOS, "-t", topic, "-l", *extra],
                                       stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.stdin: IO[bytes] = self._proc.stdin
 
@@ -183,7 +183,7 @@ def wait_online(address: str, status_topic: str, proc: subprocess.Popen, log: Pa
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise DaemonError(f"consumer exited with {proc.returncode}: {log.read_text(errors='replace')[-1500:]}")
-        out = subprocess.run(["mosquitto_sub", *_host_port(address), "-t", status_topic, "-C", "1", "-W", "1"],
+        out = subprocess.run(["mosquitto_sub", *host_port(address), "-t", status_topic, "-C", "1", "-W", "1"],
                              capture_output=True, check=False).stdout
         if out.strip() == b"online":
             return
@@ -193,7 +193,7 @@ def wait_online(address: str, status_topic: str, proc: subprocess.Popen, log: Pa
 def end_session(address: str, client_id: str) -> None:
     """Connect once as `client_id` with a clean session, so the broker drops the session a stopped
     consumer left (docs/performance.md, bench e2e): it would queue every later request for it."""
-    cmd = ["mosquitto_sub", *_host_port(address), "-i", client_id, "-t", f"edge-inferd/{client_id}/end", "-E"]
+    cmd = ["mosquitto_sub", *host_port(address), "-i", client_id, "-t", f"edge-inferd/{client_id}/end", "-E"]
     done = subprocess.run(cmd, capture_output=True, timeout=_END_SESSION_TIMEOUT_S, check=False)
     if done.returncode != 0:
         raise DaemonError(f"could not end {client_id}'s session: {done.stderr.decode(errors='replace')[-300:]}")
