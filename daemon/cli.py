@@ -154,6 +154,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "soak":
+        from daemon.tools.bench.soak import main as soak
+
+        return soak(args)
     return _cmd_bench_e2e(args) if args.bench_command == "e2e" else _cmd_bench_model(args)
 
 

@@ -150,8 +150,10 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench = _command(sub, "bench", "model and end-to-end benchmarks (dev tools)", (
-        "Benchmarks: `bench model` times one model's invokes, `bench e2e` the whole daemon over MQTT."))
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", help="model or e2e")
+        "Benchmarks: `bench model` times one model's invokes, `bench e2e` the whole daemon over MQTT,\n"
+        "`bench soak` the daemon under open-loop load for minutes (memory, fds, threads, every request answered)."))
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH",
+                                     help="model, e2e or soak")
     bm = _command(bench_sub, "model", "per-invoke latency per backend, threads and batch", (
         "Time a route's model per installed backend, thread count and batch size (p50/p99 per invoke)."),
         example="edge-inferd bench model --route appliance --batch 1 8 --iterations 300")
@@ -162,6 +164,26 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bm.add_argument("--iterations", type=int, default=200, help="invokes timed per row (default 200)")
     bm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     _add_bench_e2e(bench_sub)
+    _add_bench_soak(bench_sub)
+
+
+def _add_bench_soak(bench_sub: argparse._SubParsersAction) -> None:
+    soak = _command(bench_sub, "soak", "the daemon under open-loop load for minutes: RSS, fds, threads, losses", (
+        "A private mosquitto and `edge-inferd run` on a copy of the config (the activity and appliance\n"
+        "routes): capacity by a closed drain, then open-loop requests at --load x capacity for --minutes,\n"
+        "the daemon's RSS, open fds and threads read every ~5 s. Exit 1 unless, after the warm-up, RSS\n"
+        "grew < 10 MB, fds and threads stayed within 2, every request was answered and no reply was an\n"
+        "error other than overloaded/expired (daemon/tools/bench/soak.py). --minutes 0.5 is a quick smoke."),
+        example="edge-inferd bench soak --minutes 10 --load 0.8 --out soak.json")
+    _add_dev_config(soak)
+    soak.add_argument("--minutes", type=float, default=10.0, help="open-loop duration (default 10)")
+    soak.add_argument("--load", type=float, default=0.8, help="share of the measured capacity (default 0.8)")
+    soak.add_argument("--capacity-requests", type=int, default=10_000, help="size of the closed drain")
+    soak.add_argument("--repeat-share", type=float, default=0.1, help="requests that repeat the previous data")
+    soak.add_argument("--warmup-minutes", type=float, help="samples before this are not judged "
+                      "(default: 1 minute, or 10%% of a shorter run)")
+    soak.add_argument("--out", type=Path, help="write the report (with every /proc sample) as JSON here")
+    soak.add_argument("--keep", action="store_true", help="keep the work dir (daemon and broker logs)")
 
 
 def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:

@@ -57,6 +57,20 @@ def test_every_command_has_a_description_and_every_option_help():
             assert action.help, f"{name} {action.option_strings}"
 
 
+def test_bench_soak_is_a_subcommand_with_the_soak_options():
+    """`edge-inferd bench soak` (once scripts/soak.py): its -h runs without importing the bench, and
+    its options parse to what daemon/tools/bench/soak.py reads."""
+    done = subprocess.run([sys.executable, "-m", "daemon", "bench", "soak", "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    for option in ("--minutes", "--load", "--capacity-requests", "--repeat-share", "--warmup-minutes", "--out",
+                   "--keep", "--config"):
+        assert option in done.stdout, option
+    args = _parse("bench", "soak", "--minutes", "0.5", "--load", "0.3", "--out", "s.json")
+    assert (args.bench_command, args.minutes, args.load, args.capacity_requests, args.out, args.config) == \
+        ("soak", 0.5, 0.3, 10_000, Path("s.json"), cli_parser.DEV_CONFIG)
+
+
 def test_config_comes_from_the_env_else_the_default(monkeypatch):
     monkeypatch.delenv(cli_parser.CONFIG_ENV, raising=False)
     args = _parse("run")

@@ -183,7 +183,7 @@ class Service:
         self._stop_down_to(0)
         snapshot = self.snapshot()
         logger.info("%s", stats_topic.summary_line(snapshot))
-        # The full object last: stats_topic.stopped_stats reads it back (the tests, scripts/soak.py).
+        # The full object last: stats_topic.stopped_stats reads it back (the tests, `edge-inferd bench soak`).
         logger.info("%s%s", stats_topic.STOPPED_PREFIX, codecs.encode(snapshot).decode())
 
     def _stop_down_to(self, index: int) -> None:

@@ -1,4 +1,4 @@
-"""scripts/soak.py end to end, as a smoke (about 7 s): a few seconds of open loop, every request answered."""
+"""`edge-inferd bench soak` end to end, as a smoke (about 7 s): a few seconds of open loop, every request answered."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tests.integration.conftest import ROOT
 
 def test_a_short_soak_answers_every_request_and_reports_the_process_figures(tmp_path):
     out = tmp_path / "soak.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts/soak.py"), "--minutes", "0.1", "--load", "0.3",
-                           "--capacity-requests", "500", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-m", "daemon", "bench", "soak", "--minutes", "0.1", "--load", "0.3",
+                           "--capacity-requests", "500", "--out", str(out), "--config", str(ROOT / "config.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
     assert out.exists(), done.stdout + done.stderr
     report = json.loads(out.read_text())
     load = report["load"]

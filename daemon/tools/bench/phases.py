@@ -34,7 +34,7 @@ from daemon.tools.bench.workload import Workload
 logger = logging.getLogger(__name__)
 
 # REQUEST_TOPIC, NOISE_STD and activity_lines: the activity route's, for benchmarks/step_load.py and
-# scripts/soak.py; bench e2e itself takes its topics and requests from workload.py.
+# daemon/tools/bench/soak.py; bench e2e itself takes its topics and requests from workload.py.
 REQUEST_TOPIC = "sensors/bench/imu"
 RAW_TOPIC = "plugs/bench/power/raw"
 RAW_ROUTE_MODEL = "appliance"

@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
-"""Soak: the real daemon under open-loop load at a share of its capacity, for minutes.
+"""`edge-inferd bench soak`: the real daemon under open-loop load at a share of its capacity, for minutes.
 
-    .venv/bin/python scripts/soak.py [--minutes 10] [--load 0.8] [--out soak.json]
+    edge-inferd bench soak [--minutes 10] [--load 0.8] [--out soak.json] [--config config.yaml]
 
-A private mosquitto (daemon/tools/broker.py) and `edge-inferd run` on a copy of config.yaml
+A private mosquitto (daemon/tools/broker.py) and `edge-inferd run` on a copy of the config
+(config.yaml in the current directory by default; it needs the activity and appliance models)
 (a private cache dir, a clean session). Capacity is measured first by a closed drain of
 `--capacity-requests`; then requests are written to two unpaced `mosquitto_pub -l`
 clients (activity and appliance routes, alternating) at `--load` x capacity. Inputs are
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,13 +32,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from daemon.obs.stats_topic import stopped_stats  # noqa: E402
+from daemon.config.loader import load_config
+from daemon.obs.stats_topic import stopped_stats
 from daemon.tools.bench.load import Collector, LinePublisher, drain_summary, json_line, last_reply, outcome, require_clients
-from daemon.tools.bench.phases import NOISE_STD, start_daemon  # noqa: E402
-from daemon.tools.broker import Broker  # noqa: E402
+from daemon.tools.bench.phases import NOISE_STD, start_daemon
+from daemon.tools.broker import Broker
 
 CLIENT_ID = "soak"
 REPLY_FILTER = "results/soak/#"
@@ -57,7 +56,8 @@ WARMUP_TIMEOUT_S = 60.0
 # growth after it is not the cache filling up as designed.
 CACHE_MEMORY_MB = 4
 SEED = 11
-_KB = 1024
+KB = 1024
+PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the folder that holds daemon/
 
 
 class CountingIds(dict):
@@ -77,12 +77,13 @@ class CountingIds(dict):
 class Requests:
     """JSON lines for both routes: test rows, each with a fresh random head."""
 
-    def __init__(self, repeat_share: float, seed: int = SEED):
+    def __init__(self, config_path: Path, repeat_share: float, seed: int = SEED):
         self.rng = np.random.default_rng(seed)
         self.repeat_share = repeat_share
         self.rows, self.tails = [], []
+        models = load_config(config_path).models
         for model, _, head in ROUTES:
-            with np.load(ROOT / "models" / model / "test.npz", allow_pickle=False) as data:
+            with np.load(models[model].path.parent / "test.npz", allow_pickle=False) as data:
                 rows = data["x"].reshape(len(data["x"]), -1).astype(np.float64)
             self.rows.append(rows)
             self.tails.append([("," + json.dumps(np.round(r[head:], 3).tolist())[1:]).encode() for r in rows])
@@ -105,7 +106,7 @@ def read_proc(pid: int) -> dict:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
 
     def mb(key: str) -> float:
-        return int(fields.get(key, "0 kB").split()[0]) / _KB
+        return int(fields.get(key, "0 kB").split()[0]) / KB
 
     return {"rss_mb": mb("VmRSS"), "anon_mb": mb("RssAnon"), "file_mb": mb("RssFile"),
             "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": int(fields["Threads"])}
@@ -166,13 +167,14 @@ class Sampler:
 class Soak:
     """The broker, the daemon, the collector and two publishers, for one run."""
 
-    def __init__(self, address: str, workdir: Path, requests: Requests):
+    def __init__(self, config_path: Path, address: str, workdir: Path, requests: Requests):
         self.address, self.requests = address, requests
         self.collector = Collector(address, REPLY_FILTER)
         self.collector.by_id = CountingIds()  # before any request is sent, so no reply is missed
         overrides = {"cache": {"memory_mb": CACHE_MEMORY_MB}, "stats_interval_s": SAMPLE_S}
-        self.daemon = start_daemon(ROOT / "config.yaml", workdir, CLIENT_ID, overrides, address,
-                                   workdir / "daemon.log", pythonpath=ROOT)
+        # The child imports this same package (a checkout's, where it runs from one).
+        self.daemon = start_daemon(config_path, workdir, CLIENT_ID, overrides, address, workdir / "daemon.log",
+                                   pythonpath=PACKAGE_PARENT)
         self.pubs = [LinePublisher(address, topic) for _, topic, _ in ROUTES]
         self.next_id = 0
 
@@ -284,7 +286,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     if args.warmup_minutes is not None:
         warmup_s = args.warmup_minutes * 60.0
     with Broker(workdir / "broker") as broker:
-        soak = Soak(broker.address, workdir, Requests(args.repeat_share))
+        soak = Soak(args.config, broker.address, workdir, Requests(args.config, args.repeat_share))
         try:
             soak.warm()
             capacity = soak.capacity(args.capacity_requests)
@@ -310,22 +312,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return report
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=10.0, help="open-loop duration (default 10)")
-    parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity (default 0.8)")
-    parser.add_argument("--capacity-requests", type=int, default=10_000, help="size of the closed drain")
-    parser.add_argument("--repeat-share", type=float, default=0.1, help="requests that repeat the previous data")
-    parser.add_argument("--warmup-minutes", type=float, help="samples before this are not judged "
-                        "(default: 1 minute, or 10%% of a shorter run)")
-    parser.add_argument("--out", type=Path, help="write the report (with every /proc sample) as JSON here")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (daemon and broker logs)")
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> int:
+    """Run a soak (edge-inferd bench soak's options, daemon/cli_parser.py); 0 when every check passes."""
     require_clients()
     # SIGTERM (and SIGINT, which a shell leaves ignored in background jobs) end the run
     # through the `finally` blocks, so the broker, the daemon and the clients are stopped.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(130))
+    args.config = args.config.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="edge-inferd-soak-"))
     try:
         report = run(args, workdir)
@@ -333,13 +327,8 @@ def main() -> int:
         if args.keep:
             print(f"work dir kept: {workdir}", flush=True)
         else:
-            import shutil
             shutil.rmtree(workdir, ignore_errors=True)
     print_summary(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0 if all(report["checks"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
