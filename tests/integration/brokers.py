@@ -92,9 +92,9 @@ KINDS: dict[str, BrokerKind] = {
         "v311": "rumqttd serves 3.1.1 on a listener of its own; a 3.1.1 CONNECT on the v5 port gets no CONNACK",
         "takeover_reason": f"rumqttd 0.20 {NO_TAKEOVER_REASON} (a TCP close)",
         "backlog": "rumqttd 0.20 confirms none of a client's publishes while 100 messages to it are unacked, "
-                   "so a backlog of 100 or more deadlocks acks-after-reply (scripts/probe_rumqttd.py full_window)",
+                   "so a backlog of 100 or more deadlocks acks-after-reply (tools/dev/probe_rumqttd.py full_window)",
         "dead_member_kept": "rumqttd 0.20 drops what was in flight to a share member that died "
-                            "(scripts/probe_rumqttd.py share_group: 81 of 200 never answered)",
+                            "(tools/dev/probe_rumqttd.py share_group: 81 of 200 never answered)",
         "retain_as_published": "rumqttd 0.20 forwards a retained publish (and a retained clear) without the "
                                "retain flag, ignoring Retain As Published",
     }, _rumqttd_tls),

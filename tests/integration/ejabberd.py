@@ -1,7 +1,7 @@
 """A private ejabberd (its `mod_mqtt`) on a free loopback port: a second broker for the tests.
 
 Same surface as `daemon.tools.broker.Broker`. ejabberd 23.01 (Debian `ejabberd`) differs
-from mosquitto where it matters to the daemon (scripts/probe_ejabberd.py shows each):
+from mosquitto where it matters to the daemon (tools/dev/probe_ejabberd.py shows each):
 - Sessions live in RAM tables only (`mqtt_session`, `mqtt_sub`): a broker stop or SIGKILL
   ends every session and loses every queued message; CONNACK then says session-present 0.
 - Session expiry is granted up to mod_mqtt's `session_expiry` (default 5 minutes): a

@@ -12,14 +12,14 @@ rumqttd 0.20 ships inside the PyPI package `iotcore` 0.4 (`pip install -e '.[tes
   a larger PUBLISH closes the sender's connection.
 - Outgoing QoS 1: rumqttd 0.20 writes up to 100 unacked PUBLISHes per client, a constant in
   its router (`router/iobufs.rs`, MAX_INFLIGHT), whatever `max_inflight_count` or the client's
-  ReceiveMaximum say (scripts/probe_rumqttd.py receive_maximum). The rest waits in the router's
+  ReceiveMaximum say (tools/dev/probe_rumqttd.py receive_maximum). The rest waits in the router's
   commit log (`max_segment_size` x `max_segment_count` per topic filter, oldest segment dropped
   past it), which is sized so a 5,000-request burst waits there instead of being dropped.
 - PUBACKs must come in order (as MQTT says they must): an out-of-order one is logged ("out of
   order ack"). The daemon acked a request once its reply was confirmed, so out of order, and a
   5,000-request burst stalled after 296-956 replies; it now acks in order (transport/ack_order.py).
 - While its 100 messages to a client are unacked, rumqttd confirms none of that client's own
-  publishes (scripts/probe_rumqttd.py full_window: a reply published with a backlog of 50 is
+  publishes (tools/dev/probe_rumqttd.py full_window: a reply published with a backlog of 50 is
   PUBACKed, with 150 it is not). The daemon acks a request only once its reply's PUBACK is back,
   so a backlog of 100 or more at the daemon deadlocks: the tests that build one skip rumqttd.
 - Retain As Published and Retain Handling are ignored: a retained publish (or a retained clear)

@@ -2,7 +2,7 @@
 
 Each probe prints one JSON line. Probes that need the daemon run the real `edge-inferd run`
 (the bundled activity model, cache off) against a private rumqttd. A probe, not a test: the
-waits are fixed settle times. Run: python scripts/probe_rumqttd.py [probe ...]
+waits are fixed settle times. Run: python tools/dev/probe_rumqttd.py [probe ...]
 Probes: burst request_response daemon_kill broker_restart broker_restart_queued share_group takeover receive_maximum expiry
 max_payload
 """
@@ -24,7 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.integration.conftest import Daemon, activity_payloads, write_config  # noqa: E402

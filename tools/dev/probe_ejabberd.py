@@ -2,7 +2,7 @@
 
 A probe, not a test: it prints what it saw, one `probe: result` line each, and asserts
 nothing. Each probe starts its own private ejabberd (tests/integration/ejabberd.py).
-Run: python scripts/probe_ejabberd.py [probe ...]   (no argument: all of them)
+Run: python tools/dev/probe_ejabberd.py [probe ...]   (no argument: all of them)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from daemon.config.reader import absolute_paths  # noqa: E402
