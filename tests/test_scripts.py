@@ -79,7 +79,7 @@ def test_repro_lost_burst_runs_and_compares_the_daemons_count_with_the_collector
 
 
 def test_bench_http_runs_the_three_targets_and_gets_results_only(tmp_path):
-    assert "median" in _run("scripts/bench_http.py", "--rounds", "1", "--duration", "0.5", "--warmup", "0.5",
+    assert "median" in _run("benchmarks/bench_http.py", "--rounds", "1", "--duration", "0.5", "--warmup", "0.5",
                             "--rate", "100", "--connections", "4", "--json", str(tmp_path / "http.json"))
     report = json.loads((tmp_path / "http.json").read_text())
     (round_one,) = report["rounds"]

@@ -1,4 +1,4 @@
-"""scripts/bench_http.py's HTTP side: the open-loop schedule over keep-alive connections, against its echo."""
+"""benchmarks/bench_http.py's HTTP side: the open-loop schedule over keep-alive connections, against its echo."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Open-loop HTTP load for scripts/bench_http.py, and the bare stdlib echo it is compared with.
+"""Open-loop HTTP load for benchmarks/bench_http.py, and the bare stdlib echo it is compared with.
 
 - `Schedule`: request k of a measurement is due at start + k / rate, whatever the answers do;
   each sample is timed from when it was due, so a request a busy connection could only send late

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The HTTP listener's figures (docs/http.md, "Figures"):
 
-    .venv/bin/python scripts/bench_http.py [--rounds 3] [--duration 8] [--warmup 2] \
+    .venv/bin/python benchmarks/bench_http.py [--rounds 3] [--duration 8] [--warmup 2] \
         [--rate 1000] [--connections 16] [--json FILE]
 
 One private mosquitto, one daemon on config.yaml as shipped (only `http.port` added; its own cache
