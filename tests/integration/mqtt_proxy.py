@@ -124,6 +124,12 @@ class CuttingProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # close() alone does not wake the thread blocked in accept() on Linux (its join waited
+        # out the whole 5 s at every exit); shutdown() does.
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         with self._lock:
             self._close(*self._open)
