@@ -76,12 +76,66 @@ def broker(request, tmp_path):
         yield b
 
 
+class _Messages(list):
+    """Every message in arrival order, and each topic's too (`by_topic`): a wait that counts one
+    topic's messages at each arrival reads its own list, not every message so far (with thousands
+    of replies on several topics, those rescans took more CPU than the daemons). The mutations
+    tests make (`clear()`, `del messages[:]`) clear both."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_topic: dict[str, list] = {}
+
+    def append(self, msg) -> None:
+        super().append(msg)
+        self.by_topic.setdefault(msg.topic, []).append(msg)
+
+    def _reindex(self) -> None:
+        self.by_topic = {}
+        for msg in self:
+            self.by_topic.setdefault(msg.topic, []).append(msg)
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_topic = {}
+
+    def __delitem__(self, index) -> None:
+        super().__delitem__(index)
+        self._reindex()
+
+    def __setitem__(self, index, value) -> None:
+        super().__setitem__(index, value)
+        self._reindex()
+
+    def __iadd__(self, other):
+        for msg in other:
+            self.append(msg)
+        return self
+
+    def extend(self, other) -> None:
+        for msg in other:
+            self.append(msg)
+
+    def insert(self, index, msg) -> None:
+        super().insert(index, msg)
+        self._reindex()
+
+    def pop(self, index=-1):
+        msg = super().pop(index)
+        self._reindex()
+        return msg
+
+    def remove(self, msg) -> None:
+        super().remove(msg)
+        self._reindex()
+
+
 class Client:
     """A test MQTT client that records every message per topic."""
 
     def __init__(self, broker: Broker, protocol: int = paho.MQTTv5, client_id: str = "", persistent: bool = False):
         """`persistent`: a v5 session the broker keeps across disconnects and its own restarts."""
-        self.messages: list[paho.MQTTMessage] = []
+        self.messages: _Messages = _Messages()
         self.cond = threading.Condition()
         self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         self.c.on_message = self._on_message
@@ -131,11 +185,16 @@ class Client:
 
     def on(self, topic: str) -> list:
         with self.cond:
-            return [m for m in self.messages if m.topic == topic]
+            return list(self.messages.by_topic.get(topic, ()))
+
+    def count(self, topic: str) -> int:
+        """How many messages came on `topic` (len(on(topic)) without the copy)."""
+        with self.cond:
+            return len(self.messages.by_topic.get(topic, ()))
 
     def wait_count(self, topic: str, n: int) -> list:
         with self.cond:
-            self.cond.wait_for(lambda: len([m for m in self.messages if m.topic == topic]) >= n, WAIT_S)
+            self.cond.wait_for(lambda: self.count(topic) >= n, WAIT_S)
         got = self.on(topic)
         assert len(got) >= n, f"expected {n} message(s) on {topic}, got {len(got)}"
         return got
@@ -144,16 +203,29 @@ class Client:
         return [json.loads(m.payload) for m in self.wait_count(topic, n)]
 
     def wait_json_until(self, topic: str, predicate: Callable[[dict], bool]) -> dict:
-        """The first JSON message on `topic` for which `predicate` holds (waiting for it)."""
-        def found() -> list[dict]:
-            return [p for p in (json.loads(m.payload) for m in self.on(topic)) if predicate(p)]
+        """The first JSON message on `topic` for which `predicate` holds (waiting for it); each
+        message is parsed and judged once, as it comes."""
+        looked = {"list": None, "n": 0}  # the topic's list and how many of it were judged
+        found: list[dict] = []
+
+        def first() -> bool:
+            messages = self.messages.by_topic.get(topic, [])
+            if messages is not looked["list"]:  # the first look, or the messages were cleared
+                looked.update(list=messages, n=0)
+            while looked["n"] < len(messages):
+                payload = json.loads(messages[looked["n"]].payload)
+                looked["n"] += 1
+                if predicate(payload):
+                    found.append(payload)
+                    return True
+            return False
         with self.cond:
-            assert self.cond.wait_for(found, WAIT_S), f"nothing as wanted on {topic}: {self.on(topic)[-1:]}"
-            return found()[0]
+            assert self.cond.wait_for(first, WAIT_S), f"nothing as wanted on {topic}: {self.on(topic)[-1:]}"
+            return found[0]
 
     def wait_payload(self, topic: str, payload: bytes) -> None:
         def seen() -> bool:
-            return any(m.topic == topic and m.payload == payload for m in self.messages)
+            return any(m.payload == payload for m in self.messages.by_topic.get(topic, ()))
         with self.cond:
             assert self.cond.wait_for(seen, WAIT_S), f"no {payload!r} on {topic}"
 
@@ -199,12 +271,26 @@ def burst(client: Client, topic: str, payloads: list[bytes]) -> None:
 
 
 def wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
-    """Every reply on `topic` once n distinct ids have been answered (or the wait ran out)."""
-    def replies() -> list[dict]:
-        return [json.loads(m.payload) for m in client.messages if m.topic == topic]
+    """Every reply on `topic` once n distinct ids have been answered (or the wait ran out); each
+    reply is parsed once, as it comes (parsing them all at every arrival was quadratic)."""
+    replies: list[dict] = []
+    ids: set = set()
+    parsed_from: list = [None]  # the topic's list the replies were parsed from
+
+    def enough() -> bool:
+        messages = client.messages.by_topic.get(topic, [])
+        if messages is not parsed_from[0]:  # the first look, or the messages were cleared
+            parsed_from[0] = messages
+            replies.clear()
+            ids.clear()
+        for m in messages[len(replies):]:
+            replies.append(json.loads(m.payload))
+            ids.add(replies[-1]["id"])
+        return len(ids) >= n
     with client.cond:
-        client.cond.wait_for(lambda: len({r["id"] for r in replies()}) >= n, WAIT_S)
-        return replies()
+        client.cond.wait_for(enough, WAIT_S)
+        enough()
+        return list(replies)
 
 
 def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", transport: Optional[str] = None,

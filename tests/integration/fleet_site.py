@@ -133,13 +133,13 @@ class Traffic:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self.client.cond:
-                before = {node: len(self.client.on(results_topic(node))) for node in self.nodes}
+                before = {node: self.client.count(results_topic(node)) for node in self.nodes}
             for node in self.nodes:  # not waited for: while the broker is away paho keeps them (QoS 1)
                 for payload in self._payloads:
                     self.client.c.publish(requests_topic(node), payload, qos=1)
 
             def answered() -> bool:
-                return self._stop.is_set() or all(len(self.client.on(results_topic(n))) >= before[n] + self.batch
+                return self._stop.is_set() or all(self.client.count(results_topic(n)) >= before[n] + self.batch
                                                   for n in self.nodes)
             with self.client.cond:
                 self.client.cond.wait_for(answered, self.round_s)
