@@ -8,7 +8,7 @@ One private mosquitto, one daemon on config.yaml as shipped (only `http.port` ad
 dir and client id, its persistent session ended at exit) and one echo server, all for the whole run.
 Each round measures, one after the other, the same open-loop load of distinct `activity` rows:
 - `http`: the daemon's `POST /v2/models/activity/infer`, one row per request, `--rate` requests/s
-  over `--connections` keep-alive connections (daemon/tools/bench/http_load.py: a raw-socket
+  over `--connections` keep-alive connections (benchmarks/http_load.py: a raw-socket
   client), each a thread with a fixed schedule (request k due at start + k / rate; connection c
   sends every connections-th k): a request sent late because its connection still waited is timed
   from when it was due, so a stall is not hidden (no coordinated omission); `late p99`: how late
@@ -47,8 +47,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.tools.bench.http_load import (HOST, REPLY_TIMEOUT_S, EchoHandler, EchoServer, Schedule,  # noqa: E402
-                                          http_load, wait_ready)
+from benchmarks.http_load import (HOST, REPLY_TIMEOUT_S, EchoHandler, EchoServer, Schedule,  # noqa: E402
+                                    http_load, wait_ready)
 from daemon.tools.bench.load import process_cpu_s  # noqa: E402
 from daemon.tools.bench.phases import start_daemon  # noqa: E402
 from daemon.tools.bench.workload import DEVICE, build_workload  # noqa: E402

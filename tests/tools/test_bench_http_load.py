@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from daemon.tools.bench.http_load import EchoHandler, EchoServer, Schedule, http_load
+from benchmarks.http_load import EchoHandler, EchoServer, Schedule, http_load
 from daemon.tools.broker import free_port
 
 WORKLOAD = SimpleNamespace(route=SimpleNamespace(input=SimpleNamespace(shape=(2,))), data=lambda i: b"[%d, 0.5]" % i)
