@@ -45,13 +45,17 @@ def site(tmp_path):
 def fleet(site, start_daemon, client, tmp_path):
     """start(**settings): the three daemons (`settings[node]`: that node's fleet section overrides),
     each online and with its first reported document in; the client follows the record and every
-    desired document from before the rollout."""
+    desired document from before the rollout. The three start together (each waits for nothing
+    of the others), then each is waited for online."""
     def start(**settings: dict) -> list[str]:
         client.subscribe(RECORD)
         client.subscribe(DESIRED + "+")
         for node in NODES:
-            config = site.config(tmp_path / node, client_id=node, **settings.get(node, {}))
-            start_daemon(config, wait_online=client, client_id=node)
+            client.subscribe(f"edge-inferd/{node}/status")
+        for node in NODES:
+            start_daemon(site.config(tmp_path / node, client_id=node, **settings.get(node, {})))
+        for node in NODES:
+            client.wait_payload(f"edge-inferd/{node}/status", b"online")
         for node in NODES:
             reported(client, node, lambda m: True)
         return NODES
