@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -118,11 +119,16 @@ def results_topic(node: str) -> str:
 class Traffic:
     """Live traffic for several nodes' canaries, on a thread, until `stop()`: a round of `batch`
     requests to each node, then a wait for their answers before the next round. Paced by the
-    nodes' own answers (no guessed rate); a round that is not answered within `round_s` (a node
-    mid-swap, a broker restart) is given up and the next one sent, so the feeder never stalls."""
+    nodes' own answers (never faster than they answer); a round that is not answered within
+    `round_s` (a node mid-swap, a broker restart) is given up and the next one sent, so the feeder
+    never stalls. And no round starts within `every_s` of the one before, as a site's sensors send
+    at a rate of their own (20 requests per node per 0.25 s: 80/s, past a 1 s canary's 30 answers):
+    unpaced, the three nodes answering as fast as they could took both CPUs of a small machine, and
+    each node's swap (its check-config child runs at a lower priority) waited seconds for one."""
 
-    def __init__(self, client: Client, nodes: list[str], batch: int = 20, round_s: float = 5.0):
-        self.client, self.nodes, self.batch, self.round_s = client, nodes, batch, round_s
+    def __init__(self, client: Client, nodes: list[str], batch: int = 20, round_s: float = 5.0,
+                 every_s: float = 0.25):
+        self.client, self.nodes, self.batch, self.round_s, self.every_s = client, nodes, batch, round_s, every_s
         self._stop = threading.Event()
         for node in nodes:
             client.subscribe(results_topic(node))
@@ -132,6 +138,7 @@ class Traffic:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            next_round = time.monotonic() + self.every_s
             with self.client.cond:
                 before = {node: self.client.count(results_topic(node)) for node in self.nodes}
             for node in self.nodes:  # not waited for: while the broker is away paho keeps them (QoS 1)
@@ -143,6 +150,7 @@ class Traffic:
                                                   for n in self.nodes)
             with self.client.cond:
                 self.client.cond.wait_for(answered, self.round_s)
+            self._stop.wait(max(0.0, next_round - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()
