@@ -32,11 +32,12 @@ def site(tmp_path):
     s.close()
 
 
-def answered_by(client: Client, payloads: list[bytes]) -> set:
-    """Send `payloads` (distinct ids) and the set of model_sha256 that answered them."""
-    before = len(client.on(RESULTS))
-    burst(client, REQUESTS, payloads)
-    replies = [json.loads(m.payload) for m in client.wait_count(RESULTS, before + len(payloads))[before:]]
+def answered_by(client: Client, payloads: list[bytes], node: str = NODE) -> set:
+    """Send `payloads` (distinct ids) to `node` and the set of model_sha256 that answered them."""
+    requests, results = f"sensors/{node}/dev1/imu", f"results/{node}/dev1/activity"
+    before = len(client.on(results))
+    burst(client, requests, payloads)
+    replies = [json.loads(m.payload) for m in client.wait_count(results, before + len(payloads))[before:]]
     assert all("error" not in r for r in replies), replies[:3]
     return {r["model_sha256"] for r in replies}
 
@@ -161,28 +162,42 @@ def test_a_replayed_retained_document_changes_nothing_and_rollback_needs_no_down
     assert len(site.server.requests) == asked  # a kept release: nothing fetched
 
 
-@pytest.mark.parametrize("step", ["mid_admit", "after_journal", "after_current"])
-def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, broker, client, tmp_path,
-                                                                        step):
+# One node per kill point, all three at once (each has its own store, topics and desired document).
+KILLED_AT = {"gw1": "mid_admit", "gw2": "after_journal", "gw3": "after_current"}
+
+
+def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, broker, client,
+                                                                        tmp_path):
     from daemon.fleet.store import KILL_ENV
     from tests.integration.conftest import Daemon
 
-    config = site.config(tmp_path / "gw1")
-    client.subscribe(f"edge-inferd/{NODE}/status")
-    doomed = Daemon(config, broker.address, tmp_path / "doomed.log", env={KILL_ENV: step})
-    client.wait_payload(f"edge-inferd/{NODE}/status", b"online")
-    desire(client, NODE, 1, site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), 2)
-    assert doomed.proc.wait(60) == -signal.SIGKILL, doomed.log()[-2000:]
-    doomed.stop()
+    configs = {node: site.config(tmp_path / node, client_id=node) for node in KILLED_AT}
+    for node in KILLED_AT:
+        client.subscribe(f"edge-inferd/{node}/status")
+    doomed = {node: Daemon(configs[node], broker.address, tmp_path / f"doomed-{node}.log", env={KILL_ENV: step})
+              for node, step in KILLED_AT.items()}
+    for node in KILLED_AT:
+        client.wait_payload(f"edge-inferd/{node}/status", b"online")
+    url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    for node in KILLED_AT:
+        desire(client, node, 1, url, 2)
+    for node, step in KILLED_AT.items():
+        assert doomed[node].proc.wait(60) == -signal.SIGKILL, (step, doomed[node].log()[-2000:])
+        doomed[node].stop()
     client.messages.clear()
-    start_daemon(config, wait_online=client, client_id=NODE)
-    client.subscribe(RESULTS)
-    reported(client, NODE, lambda m: m["state"] in ("canary", "active") and m["serial"] == 2)
-    answered_by(client, activity_payloads(40))
-    entry = reported(client, NODE, lambda m: m["state"] == "active")["models"]["activity"]
-    assert entry["serial"] == 2 and entry["rejected"] == []
-    store = tmp_path / "gw1/store/activity"
-    assert not (store / "journal.json").exists() and (store / "current").resolve().name == "2"
+    for node in KILLED_AT:
+        client.subscribe(f"edge-inferd/{node}/status")
+        start_daemon(configs[node])
+    for node in KILLED_AT:
+        client.wait_payload(f"edge-inferd/{node}/status", b"online")
+        client.subscribe(f"results/{node}/dev1/activity")
+    for node, step in KILLED_AT.items():
+        reported(client, node, lambda m: m["state"] in ("canary", "active") and m["serial"] == 2)
+        answered_by(client, activity_payloads(40), node)
+        entry = reported(client, node, lambda m: m["state"] == "active")["models"]["activity"]
+        assert entry["serial"] == 2 and entry["rejected"] == [], (step, entry)
+        store = tmp_path / node / "store/activity"
+        assert not (store / "journal.json").exists() and (store / "current").resolve().name == "2", step
 
 
 def test_a_release_the_daemon_keeps_restarting_on_is_reverted_at_start(site, start_daemon, client, tmp_path):
