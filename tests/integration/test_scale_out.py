@@ -17,11 +17,14 @@ from tests.integration.conftest import Client, activity_payloads, burst, wait_un
 def _split(tmp_path, broker, start_daemon, transport, n: int) -> None:
     collector = Client(broker)
     daemons = []
-    for name in ("a", "b"):
+    for name in ("a", "b"):  # started together, then each waited for online
         (tmp_path / name).mkdir()
         config = write_config(tmp_path / name, transport=transport, cache={"enabled": False},
                               mqtt={"share_group": "inference", "client_id": f"edge-inferd-{name}"})
-        daemons.append(start_daemon(config, wait_online=collector, client_id=f"edge-inferd-{name}"))
+        collector.subscribe(f"edge-inferd/edge-inferd-{name}/status")
+        daemons.append(start_daemon(config))
+    for name in ("a", "b"):
+        collector.wait_payload(f"edge-inferd/edge-inferd-{name}/status", b"online")
     collector.subscribe("results/s1/activity")
     burst(collector, "sensors/s1/imu", activity_payloads(n))
     replies = wait_unique_ids(collector, "results/s1/activity", n)
@@ -59,8 +62,11 @@ def test_a_share_member_killed_mid_stream_loses_nothing_once_it_returns(tmp_path
         (tmp_path / name).mkdir()
         configs[name] = write_config(tmp_path / name, transport=transport, cache={"enabled": False},
                                      mqtt={"share_group": "inference", "client_id": f"edge-inferd-{name}"})
-    members = {name: start_daemon(config, wait_online=collector, client_id=f"edge-inferd-{name}")
-               for name, config in configs.items()}
+    for name in configs:
+        collector.subscribe(f"edge-inferd/edge-inferd-{name}/status")
+    members = {name: start_daemon(config) for name, config in configs.items()}  # together, then each online
+    for name in configs:
+        collector.wait_payload(f"edge-inferd/edge-inferd-{name}/status", b"online")
     collector.subscribe("results/s2/activity")
     payloads = activity_payloads(800)
     burst(collector, "sensors/s2/imu", payloads[:600])
