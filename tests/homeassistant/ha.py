@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -49,6 +50,23 @@ def _config_entry(broker_port: int, prefix: str) -> dict:
     return {"version": 1, "minor_version": 1, "key": "core.config_entries", "data": {"entries": [entry]}}
 
 
+_AUTH_FILE = "auth_provider.homeassistant"  # what `--script auth add` writes: the user and its bcrypt hash
+_auth_written: list[bytes] = []  # that file, once made in this process
+
+
+def _add_user(config_dir: Path) -> None:
+    """The test user, added offline by HA's own `--script auth add` (a start of HA's Python, ~2.5 s)
+    the first time in a test run; every later instance gets a copy of the file it wrote."""
+    target = config_dir / ".storage" / _AUTH_FILE
+    if not _auth_written:
+        subprocess.run([str(HA_PYTHON), "-m", "homeassistant", "--script", "auth", "-c", str(config_dir),
+                        "add", USER, PASSWORD], check=True, capture_output=True, timeout=120)
+        _auth_written.append(target.read_bytes())
+        return
+    target.write_bytes(_auth_written[0])
+    target.chmod(0o600)
+
+
 class HomeAssistant:
     def __init__(self, config_dir: Path, broker_port: int, prefix: str = "homeassistant"):
         self.dir = config_dir
@@ -62,8 +80,7 @@ class HomeAssistant:
             f"http:\n  server_host: 127.0.0.1\n  server_port: {self.port}\n"
             "api:\nauth:\nlogger:\n  default: warning\n  logs:\n    homeassistant.components.mqtt: info\n")
         (self.dir / ".storage" / "core.config_entries").write_text(json.dumps(_config_entry(broker_port, prefix)))
-        subprocess.run([str(HA_PYTHON), "-m", "homeassistant", "--script", "auth", "-c", str(self.dir),
-                        "add", USER, PASSWORD], check=True, capture_output=True, timeout=120)
+        _add_user(self.dir)
         self.log_path = self.dir / "ha.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([str(HA_PYTHON), "-m", "homeassistant", "--config", str(self.dir),
@@ -152,5 +169,7 @@ class HomeAssistant:
         return path.read_text(errors="replace") if path.exists() else self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        end_process(self.proc)
+        """SIGKILL: nothing is judged after a test, and HA's own shutdown (its integrations, its
+        .storage written out) took ~2.5 s of each test's teardown; its config dir is the test's."""
+        end_process(self.proc, signal.SIGKILL)
         self._log.close()
