@@ -49,6 +49,7 @@ def ejabberd(tmp_path):
     with brokers.KINDS["ejabberd"].make(tmp_path / "ejabberd") as b:
         b.kind = "ejabberd"
         yield b
+        b.kill()  # the test is over (its daemon stopped first): a clean stop took the VM ~1 s
 
 
 def test_a_session_kept_shorter_and_a_refused_share_group_are_named_at_start_up(tmp_path, ejabberd):

@@ -34,6 +34,7 @@ SESSION_EXPIRY_S = 300
 def ejabberd(tmp_path):
     with Ejabberd(tmp_path / "ejabberd") as b:
         yield b
+        b.kill()  # the test is over: a clean stop (test_stop_ends_the_vm... has its own) took the VM ~1 s
 
 
 class Persistent:
