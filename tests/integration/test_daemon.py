@@ -14,7 +14,7 @@ from daemon.config.loader import load_config
 from daemon.pipeline.evaluate import validate
 from daemon.transport import paho_client
 from tests.integration import brokers
-from tests.integration.conftest import LARGE_MODELS, LARGE_ROUTE, ROOT, WAIT_S, Client, burst, write_config
+from tests.integration.conftest import LARGE_MODELS, LARGE_ROUTE, ROOT, WAIT_S, Client, Daemon, burst, write_config
 
 # Requests a test client keeps outstanding (see daemon/tools/demo.py WINDOW for why clients pace).
 WINDOW = 16
@@ -46,11 +46,30 @@ def replay(client: Client, topic: str, reply_topic: str, payloads: list[bytes], 
     return out
 
 
+@pytest.fixture(scope="module")
+def bundled_node(tmp_path_factory):
+    """(config, client): one daemon with the bundled config (cache off) for the four test-set runs
+    below. They only send requests and read their replies (each from its own count on), so none
+    needs a daemon of its own."""
+    tmp = tmp_path_factory.mktemp("bundled")
+    with brokers.KINDS[brokers.MOSQUITTO].make(tmp / "broker") as broker:
+        config = write_config(tmp, cache={"enabled": False})
+        client = Client(broker)
+        daemon = Daemon(config, broker.address, tmp / "daemon.log")
+        try:
+            client.subscribe("edge-inferd/edge-inferd/status")
+            client.wait_payload("edge-inferd/edge-inferd/status", b"online")
+            yield config, client
+        finally:
+            client.close()
+            daemon.stop()
+
+
 @pytest.mark.parametrize("route,model,fmt", [("activity", "activity", "json"), ("activity-raw", "activity", "raw"),
                                               ("appliance", "appliance", "json"),
                                               ("appliance-raw", "appliance", "raw")])
-def test_bundled_test_set_over_mqtt_matches_validate(tmp_path, client, start_daemon, route, model, fmt):
-    config = write_config(tmp_path, cache={"enabled": False})
+def test_bundled_test_set_over_mqtt_matches_validate(bundled_node, route, model, fmt):
+    config, client = bundled_node
     expected = validate(load_config(config), route, ROOT / "models" / model / "test.npz")[0]["accuracy"]
     x, y = _samples(model)
     if fmt == "raw":
@@ -60,7 +79,6 @@ def test_bundled_test_set_over_mqtt_matches_validate(tmp_path, client, start_dae
     topic = {"activity": "sensors/w1/imu", "activity-raw": "sensors/w1/imu/raw", "appliance": "plugs/p1/power",
              "appliance-raw": "plugs/p1/power/raw"}[route]
     reply_topic = {"activity": "results/w1/activity", "appliance": "results/p1/appliance"}[model]
-    start_daemon(config, wait_online=client)
 
     replies = replay(client, topic, reply_topic, payloads, raw=fmt == "raw")
 
