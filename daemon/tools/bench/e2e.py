@@ -4,7 +4,7 @@ One private mosquitto, one reply collector (`mosquitto_sub`), C publishers
 (`mosquitto_pub -l`), and each consumer as its own process, measured one after the
 other with the same requests. Machines are noisy: compare the ratios within a run.
 Phases (docs/performance.md, "bench e2e"): drain, openloop, cache, batching, and when named
-the issue-17 ones (stress.py): burst30k, overload, openloop1000, cachepair. Any JSON route of
+the stress ones (stress.py): burst30k, overload, openloop1000, cachepair. Any JSON route of
 any config (`--route`); `--rounds N` runs every selected phase N times, consumers alternating.
 """
 

@@ -2,7 +2,7 @@
 
 Each consumer process is started once and runs every phase that concerns it, so the
 consumers see the same requests in the same order: the plan's route's, from `workload`
-(distinct, from its validate data or its input spec). The issue-17 phases are in stress.py.
+(distinct, from its validate data or its input spec). The stress phases are in stress.py.
 """
 
 from __future__ import annotations

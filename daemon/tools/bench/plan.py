@@ -9,7 +9,7 @@ from typing import Optional
 from daemon.errors import DaemonError
 
 PHASES = ("drain", "openloop", "cache", "batching")
-# Run only when named (--only): the issue-17 figures (stress.py), each on the default config.
+# Run only when named (--only): the stress figures (stress.py), each on the default config.
 EXTRA_PHASES = ("burst30k", "overload", "openloop1000", "cachepair")
 ALL_PHASES = PHASES + EXTRA_PHASES
 DEFAULT_ROUTE = "activity"
