@@ -1,4 +1,5 @@
-"""The stress phases of `bench e2e` (a burst of 30,000, overload, open loop at 1,000/s, the cache pair): the config as written (`DEFAULT`), the plan's route.
+"""The stress phases of `bench e2e` (a burst of 30,000, overload, open loop at 1,000/s, the cache
+pair): the config as written (`DEFAULT`), the plan's route.
 
 - burst30k: `--burst` requests (30,000) through one `mosquitto_pub -l`, no deadlines; the
   results (not replies) and the errors by code.
