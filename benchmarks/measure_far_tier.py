@@ -71,15 +71,9 @@ class Replies(Collector):
         self.all: dict[int, list[tuple[float, dict]]] = {}
         super().__init__(address, topic_filter)
 
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            at = time.perf_counter()
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("id"), int):
-                self.all.setdefault(obj["id"], []).append((at, obj))
+    def _arrived(self, at: float, obj) -> None:
+        if isinstance(obj, dict) and isinstance(obj.get("id"), int):
+            self.all.setdefault(obj["id"], []).append((at, obj))
 
 
 def near_route(mode: str, servers: dict, timeout_ms: float) -> dict:

@@ -104,13 +104,17 @@ class Collector:
             except ValueError:
                 self.probes += 1  # e.g. the readiness probe
                 continue
-            request_id = obj.get("id") if isinstance(obj, dict) else None
-            if request_id is None:
-                self.anonymous.append(Reply(at, classify(obj)))
-            elif request_id < 0:
-                self.probes += 1
-            else:
-                self.by_id.setdefault(request_id, Reply(at, classify(obj)))
+            self._arrived(at, obj)
+
+    def _arrived(self, at: float, obj) -> None:
+        """One parsed reply, read at `at` (perf_counter); a subclass may keep replies otherwise."""
+        request_id = obj.get("id") if isinstance(obj, dict) else None
+        if request_id is None:
+            self.anonymous.append(Reply(at, classify(obj)))
+        elif request_id < 0:
+            self.probes += 1
+        else:
+            self.by_id.setdefault(request_id, Reply(at, classify(obj)))
 
     def wait(self, predicate, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
