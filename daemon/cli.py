@@ -170,7 +170,7 @@ def _cmd_bench_e2e(args: argparse.Namespace) -> int:
     plan = Plan.build(args.config, args.out, args.requests, args.duration, args.rates, args.quick, args.only,
                       route=args.route, rounds=args.rounds, burst=args.burst,
                       consumer_cpus=parse_cpus(args.consumer_cpus) if args.consumer_cpus else (),
-                      consumer_cpu_share=args.consumer_cpu_share)
+                      consumer_cpu_share=args.consumer_cpu_share, also=tuple(args.also))
     results = run_bench(plan)
     for path in write_outputs(results, args.out):
         print(f"wrote {path}", file=sys.stderr)

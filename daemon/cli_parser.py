@@ -21,11 +21,12 @@ DEFAULT_CONFIG = Path("/etc/edge-inferd/config.yaml")
 CONFIG_ENV = "EDGE_INFERD_CONFIG"
 DEV_CONFIG = Path("config.yaml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default); written here so
-# `edge-inferd -h` does not import the bench.
 # `fleet sign --claim-metric`: what `edge-inferd validate` prints by output kind (daemon/fleet/release.py
 # METRICS, which a node checks; written here so `edge-inferd -h` does not import the fleet).
 CLAIM_METRICS = ("accuracy", "roc_auc", "mae")
+# bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default) and its --also
+# consumers (daemon/tools/bench/e2e.py ALSO); written here so `edge-inferd -h` does not import the bench.
+BENCH_ALSO = ("echo-v5", "naive-v5", "daemon-paho", "daemon-native")
 ALL_BENCH_PHASES = ("drain", "openloop", "cache", "batching", "burst30k", "overload", "openloop1000", "cachepair")
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter  # keeps the examples' line breaks
@@ -212,6 +213,9 @@ def _add_bench_e2e(bench_sub: argparse._SubParsersAction) -> None:
     be.add_argument("--consumer-cpu-share", type=float, metavar="F",
                     help="cap the consumers at F of one CPU (a cgroup, as systemd's CPUQuota=; needs root), so "
                          "that 2x their capacity is a load the broker carries (docs/performance.md)")
+    be.add_argument("--also", action="append", default=[], choices=BENCH_ALSO, metavar="CONSUMER",
+                    help=f"measure this consumer too: {', '.join(BENCH_ALSO)} (repeatable; the v5 baselines run "
+                         "MQTT v5 with TCP_NODELAY, echo and naive run paho's defaults)")
     be.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)")
 
 

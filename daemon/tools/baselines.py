@@ -5,8 +5,8 @@
     python -m daemon.tools.baselines naive-detect --broker HOST:PORT --config C --route R
     python -m daemon.tools.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
-- `echo`: the transport floor. Bare paho 2.x (MQTT v5, TCP_NODELAY), subscribed to the
-  route's filter at QoS 1; `on_message` publishes a 16-byte reply carrying the request's
+- `echo`: the transport floor. Bare paho 2.x as people write it (paho's defaults: MQTT 3.1.1,
+  Nagle on, a clean session), subscribed to the route's filter at QoS 1; `on_message` publishes a 16-byte reply carrying the request's
   id at QoS 1 to the route's reply topic. No decoding, no model.
 - `naive`: the script most people write: decode + preprocessing + INT8 invoke + publish
   inside `on_message`, with the daemon's model, preprocessing code and reply topic, for any
@@ -23,9 +23,13 @@
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
   in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
 
+The JSON replies use the standard library's `json`, as people's scripts do. `--protocol 5`
+runs a consumer on MQTT v5 with TCP_NODELAY instead (the daemon's own settings: the bench's
+`echo-v5` and `naive-v5`); on v5 a consumer replies with the request's CorrelationData when it
+has one, as the daemon does (naive-detect needs it: an image carries no JSON id).
+
 The consumers publish a retained `online` on `edge-inferd/<client-id>/status`, like the
-daemon, so the bench waits for them the same way, and reply with the request's v5
-CorrelationData when it has one, as the daemon does (an image carries no JSON id).
+daemon, so the bench waits for them the same way.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ _ID_PREFIX = re.compile(rb'^\{"id":\s*(-?\d+)')
 # Messages rawpub keeps unacknowledged: enough that the publisher is never the bottleneck.
 RAW_INFLIGHT = 1000
 _PUBLISH_TIMEOUT_S = 120.0
+# --protocol: paho's default (what people's scripts run), or v5 with TCP_NODELAY (the daemon's).
+PROTOCOLS = {"3.1.1": paho.MQTTv311, "5": paho.MQTTv5}
+DEFAULT_PROTOCOL = "3.1.1"
 
 
 def _route(config_path: Path | str, route_name: str):
@@ -173,32 +180,42 @@ def echo_reply(payload: bytes) -> bytes:
     return body.ljust(ECHO_REPLY_BYTES)
 
 
-def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str]) -> None:
+def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str],
+           protocol: str = DEFAULT_PROTOCOL) -> None:
+    """Reply to every request of `route` inside `on_message`, until SIGTERM."""
     status = f"edge-inferd/{client_id}/status"
+    v5 = PROTOCOLS[protocol] == paho.MQTTv5
 
     def on_message(client, userdata, msg):
         captures = topics.match(route.subscribe, msg.topic)
-        correlation = getattr(msg.properties, "CorrelationData", None)
-        properties = None
-        if correlation is not None:
-            properties = Properties(PacketTypes.PUBLISH)
-            properties.CorrelationData = correlation
+        properties = _correlated(msg) if v5 else None
         client.publish(topics.render(route.publish, msg.topic, captures), reply(msg.payload), qos=QOS,
                        properties=properties)
 
     def on_connect(client, userdata, flags, reason_code, properties):
-        disable_nagle(client.socket())
+        if v5:
+            disable_nagle(client.socket())
         client.subscribe(route.subscribe, qos=QOS)
         client.publish(status, STATUS_ONLINE, qos=QOS, retain=True)
 
     host, port = broker.rsplit(":", 1)
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=PROTOCOLS[protocol])
     client.will_set(status, STATUS_OFFLINE, qos=QOS, retain=True)
     client.on_message = on_message
     client.on_connect = on_connect
     client.connect(host, int(port))
     signal.signal(signal.SIGTERM, lambda *_: client.disconnect())
     client.loop_forever()
+
+
+def _correlated(msg) -> Properties | None:
+    """A reply's v5 properties carrying the request's CorrelationData, or None where it has none."""
+    correlation = getattr(msg.properties, "CorrelationData", None)
+    if correlation is None:
+        return None
+    properties = Properties(PacketTypes.PUBLISH)
+    properties.CorrelationData = correlation
+    return properties
 
 
 def _rawpub(args: argparse.Namespace) -> None:
@@ -233,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--route", default="activity")
     parser.add_argument("--client-id", help="default: the kind")
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default=DEFAULT_PROTOCOL,
+                        help="echo, naive: MQTT 3.1.1 as paho's default (default), or 5 with TCP_NODELAY")
     parser.add_argument("--topic", help="rawpub: request topic")
     parser.add_argument("--file", help="rawpub: concatenated payloads")
     parser.add_argument("--size", type=int, help="rawpub: bytes per payload")
@@ -244,13 +263,13 @@ def main(argv: list[str] | None = None) -> None:
     client_id = args.client_id or args.kind
     if args.kind == "echo":
         _, route = _route(args.config, args.route)
-        _serve(args.broker, client_id, route, echo_reply)
+        _serve(args.broker, client_id, route, echo_reply, args.protocol)
     elif args.kind == "naive-detect":
         route, answer = make_detect_answer(args.config, args.route)
-        _serve(args.broker, client_id, route, answer)
+        _serve(args.broker, client_id, route, answer, args.protocol)
     else:
         route, answer = make_answer(args.config, args.route)
-        _serve(args.broker, client_id, route, answer)
+        _serve(args.broker, client_id, route, answer, args.protocol)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import paho.mqtt.client as paho
 import pytest
@@ -20,7 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from daemon.config.reader import absolute_paths
-from daemon.tools.bench.e2e import CONSUMERS, WAIT_500_CONSUMER
+from daemon.tools.bench.e2e import ALSO, CONSUMERS, WAIT_500_CONSUMER
 from daemon.tools.bench.load import end_session
 from tests.integration.conftest import ROOT
 
@@ -90,7 +91,8 @@ def _bench(tmp_path, *args: str) -> tuple[dict, str]:
 
 
 def test_bench_e2e_runs_any_json_route_of_another_config_in_rounds(tmp_path):
-    """An anomaly route in a config of its own: echo, naive and the daemon each answer every request, twice."""
+    """An anomaly route in a config of its own: echo, naive, their v5 variants and the daemon each answer
+    every request, twice."""
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(absolute_paths({
@@ -99,13 +101,13 @@ def test_bench_e2e_runs_any_json_route_of_another_config_in_rounds(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))
     pinned = ["--consumer-cpus", str(cpus[-1])] if len(cpus) > 1 else []  # the consumers on a CPU of their own
     results, stdout = _bench(tmp_path, "--config", str(config), "--route", "load", "--only", "drain",
-                             "--rounds", "2", "--requests", "60", *pinned)
+                             "--rounds", "2", "--requests", "60", "--also", "echo-v5", "--also", "naive-v5", *pinned)
     assert results["meta"]["consumer_cpus"] == ([cpus[-1]] if pinned else [])
     assert results["meta"]["workload"]["route"] == "load"
     assert results["meta"]["workload"]["distinct_int8_inputs"] == 1.0
     assert len(results["rounds"]) == 2
     for one in (*results["rounds"], results):
-        assert list(one["drain"]) == [c.name for c in CONSUMERS]
+        assert list(one["drain"]) == [c.name for c in CONSUMERS] + ["echo-v5", "naive-v5"]
         for row in one["drain"].values():
             _all_answered(row, 60)
             assert row["cache_hits"] == 0  # distinct requests: the cache-on daemon finds no repeat
@@ -142,6 +144,37 @@ def test_bench_e2e_issue_phases_on_the_second_workload(tmp_path):
     assert on["cache_hits"] == 0 and pair["cpu_us_diff"] == pytest.approx(on["cpu_us_per_request"] -
                                                                           off["cpu_us_per_request"], abs=0.11)
     assert "burst30k:" in stdout and "overload:" in stdout and "cache on minus off" in stdout
+
+
+@pytest.mark.parametrize("protocol, correlated", [(None, False), ("5", True)])
+def test_the_echo_runs_paho_defaults_unless_told_v5(broker, protocol, correlated):
+    """By default the echo is the script people write: MQTT 3.1.1, so a v5 request's CorrelationData
+    cannot come back; `--protocol 5` (the bench's echo-v5) runs v5 and returns it."""
+    replies, online = [], []
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="asker", protocol=paho.MQTTv5)
+    client.on_message = lambda c, u, msg: (online if msg.topic.endswith("/status") else replies).append(msg)
+    client.connect("127.0.0.1", broker.port)
+    client.subscribe([("results/#", 1), ("edge-inferd/echo-under-test/status", 1)])
+    cmd = [sys.executable, "-m", "daemon.tools.baselines", "echo", "--broker", broker.address, "--route", "gunpoint",
+           "--client-id", "echo-under-test", *(["--protocol", protocol] if protocol else [])]
+    with subprocess.Popen(cmd, cwd=ROOT) as echo:
+        try:
+            _loop_until(client, lambda: any(m.payload == b"online" for m in online))
+            props = Properties(PacketTypes.PUBLISH)
+            props.CorrelationData = b"42"
+            client.publish("sensors/g1/gesture", b'{"id": 42, "data": []}', qos=1, properties=props)
+            _loop_until(client, lambda: replies)
+        finally:
+            echo.terminate()
+    assert replies[0].payload.strip() == b'{"id":42}'
+    assert (getattr(replies[0].properties, "CorrelationData", None) == b"42") is correlated
+
+
+def _loop_until(client: paho.Client, done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "no answer in time"
+        client.loop(0.1)
 
 
 def test_end_session_leaves_the_broker_no_session_to_resume(broker):

@@ -10,6 +10,7 @@ import pytest
 
 from daemon import cli_parser
 from daemon.errors import DaemonError
+from daemon.tools.bench import e2e as bench_e2e
 from daemon.tools.bench import plan as bench_plan
 from daemon.tools.bench.plan import Plan
 from daemon.tools.bench.rounds import merge
@@ -67,6 +68,8 @@ def test_the_issue_phases_run_only_when_named_and_the_parser_knows_them_all():
     assert Plan.build(CONFIG, Path("out")).phases == bench_plan.PHASES
     assert Plan.build(CONFIG, Path("out"), only=["overload", "burst30k"]).phases == ("burst30k", "overload")
     assert cli_parser.ALL_BENCH_PHASES == bench_plan.ALL_PHASES
+    assert cli_parser.BENCH_ALSO == tuple(bench_e2e.ALSO)
+    assert cli_parser.build().parse_args(["bench", "e2e", "--also", "echo-v5"]).also == ["echo-v5"]
     args = cli_parser.build().parse_args(["bench", "e2e", "--route", "gunpoint", "--rounds", "3", "--only", "cachepair"])
     assert (args.route, args.rounds, args.only) == ("gunpoint", 3, ["cachepair"])
     with pytest.raises(DaemonError, match="--rounds"):

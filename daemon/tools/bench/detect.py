@@ -227,7 +227,8 @@ def start_consumer(name: str, base: Path, workdir: Path, address: str, overrides
     log = workdir / "consumer.log"
     if name == "naive":
         cmd = [sys.executable, "-m", "daemon.tools.baselines", "naive-detect", "--broker", address,
-               "--config", str(base), "--route", ROUTE, "--client-id", client_id]
+               "--config", str(base), "--route", ROUTE, "--client-id", client_id,
+               "--protocol", "5"]  # v5: the replies carry the frames' CorrelationData
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         return ConsumerProcess(cmd, address, f"edge-inferd/{client_id}/status", log, env=env)
     return start_daemon(base, workdir, client_id, overrides, address, log, pythonpath=root)

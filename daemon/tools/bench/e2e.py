@@ -37,10 +37,23 @@ CACHE_ON = {**BATCH_ON, "cache": {"enabled": True}}
 
 # Measured in this order: the first daemon's drain rate sets the open-loop rates. `daemon` is
 # the config as written (the bundled one: batching 32, cache on, a persistent session).
+# `naive` and `echo` run paho's defaults (MQTT 3.1.1, Nagle on), as people's scripts do.
 CONSUMERS = (Consumer("daemon-b1", "daemon", BATCH_OFF), Consumer("daemon-b32", "daemon", BATCH_ON), DEFAULT,
              Consumer("naive", "naive"), Consumer("echo", "echo"))
+# --also NAME: measured after CONSUMERS in the drain and openloop phases. The v5 baselines run the
+# daemon's own settings (MQTT v5, TCP_NODELAY); daemon-paho / daemon-native: the config as written
+# on that `mqtt.transport`.
+V5 = ("--protocol", "5")
+ALSO = {c.name: c for c in (Consumer("echo-v5", "echo", args=V5), Consumer("naive-v5", "naive", args=V5),
+                            Consumer("daemon-paho", "daemon", {"mqtt": {"transport": "paho"}}, session=True),
+                            Consumer("daemon-native", "daemon", {"mqtt": {"transport": "native"}}, session=True))}
 WAIT_500_CONSUMER = Consumer("daemon-b32-wait500", "daemon", WAIT_500)
 CACHE_CONSUMER = Consumer("daemon-b32-cache", "daemon", CACHE_ON)
+
+
+def consumers(plan: Plan) -> tuple[Consumer, ...]:
+    """CONSUMERS, then the plan's `--also` ones."""
+    return CONSUMERS + tuple(ALSO[name] for name in plan.also)
 
 
 def run_bench(plan: Plan) -> dict:
@@ -62,7 +75,7 @@ def run_bench(plan: Plan) -> dict:
             for n in range(plan.rounds):
                 logger.info("round %d of %d", n + 1, plan.rounds)
                 bench.results = {phase: {} for phase in plan.phases}
-                Phases(bench, CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER, workload).run()
+                Phases(bench, consumers(plan), WAIT_500_CONSUMER, CACHE_CONSUMER, workload).run()
                 Stress(bench, workload).run()
                 rounds.append(bench.results)
         finally:
@@ -76,7 +89,9 @@ def meta(plan: Plan, workload: Workload, distinct: float, wall_s: float) -> dict
     import os
     import platform
 
-    consumers = {c.name: c.overrides for c in (*CONSUMERS, WAIT_500_CONSUMER, CACHE_CONSUMER, *STRESS_CONSUMERS)}
+    consumers = {c.name: c.overrides or list(c.args)
+                 for c in (*CONSUMERS, *(ALSO[n] for n in plan.also), WAIT_500_CONSUMER, CACHE_CONSUMER,
+                           *STRESS_CONSUMERS)}
     return {"wall_s": round(wall_s, 1), "cpus": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(), "overrides": consumers,
             "workload": {"route": plan.route, "config": str(plan.config), "request_topic": workload.request_topic,
@@ -84,4 +99,4 @@ def meta(plan: Plan, workload: Workload, distinct: float, wall_s: float) -> dict
                          "noise_std": round(workload.noise_std, 4), "distinct_int8_inputs": round(distinct, 4)},
             "plan": {"requests": plan.requests, "duration_s": plan.duration, "rates": list(plan.rates),
                      "phases": list(plan.phases), "settle_s": plan.settle, "warmup": plan.warmup,
-                     "rounds": plan.rounds, "burst": plan.burst}}
+                     "rounds": plan.rounds, "burst": plan.burst, "also": list(plan.also)}}

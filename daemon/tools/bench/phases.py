@@ -62,6 +62,7 @@ class Consumer:
     overrides: dict = field(default_factory=dict)
     # True: the config's own session (the default config's is persistent), ended once it stops.
     session: bool = False
+    args: tuple[str, ...] = ()  # echo, naive: more `python -m daemon.tools.baselines` arguments
 
 
 def write_bench_config(base: Path, workdir: Path, client_id: str, overrides: dict, session: bool = False) -> Path:
@@ -144,7 +145,8 @@ class Bench:
             return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log,
                                 session=consumer.session, preexec=self.preexec)
         cmd = [sys.executable, "-m", "daemon.tools.baselines", consumer.kind, "--broker", self.address,
-               "--config", str(self.plan.config), "--route", self.plan.route, "--client-id", client_id]
+               "--config", str(self.plan.config), "--route", self.plan.route, "--client-id", client_id,
+               *consumer.args]
         return ConsumerProcess(cmd, self.address, f"edge-inferd/{client_id}/status", log, preexec=self.preexec)
 
     def warm(self, pub: LinePublisher, line: Callable[[int], bytes]) -> None:

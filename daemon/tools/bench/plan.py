@@ -48,12 +48,14 @@ class Plan:
     burst: int = BURST_REQUESTS  # requests of the burst30k phase
     consumer_cpus: tuple[int, ...] = ()  # the consumers' CPUs; the bench and broker get the rest (cpus.py)
     consumer_cpu_share: Optional[float] = None  # the consumers capped at this share of one CPU
+    also: tuple[str, ...] = ()  # more consumers (e2e.ALSO: echo-v5, naive-v5, daemon-paho, daemon-native)
 
     @classmethod
     def build(cls, config: Path, out: Path, requests: Optional[int] = None, duration: Optional[float] = None,
               rates: Optional[list[str]] = None, quick: bool = False, only: Optional[list[str]] = None,
               route: str = DEFAULT_ROUTE, rounds: int = 1, burst: Optional[int] = None,
-              consumer_cpus: tuple[int, ...] = (), consumer_cpu_share: Optional[float] = None) -> "Plan":
+              consumer_cpus: tuple[int, ...] = (), consumer_cpu_share: Optional[float] = None,
+              also: tuple[str, ...] = ()) -> "Plan":
         base = dict(QUICK) if quick else {}
         for key, value in (("requests", requests), ("duration", duration), ("rates", rates), ("burst", burst)):
             if value is not None:
@@ -64,4 +66,4 @@ class Plan:
         if rounds < 1:
             raise DaemonError(f"--rounds: {rounds} is not a positive number of rounds")
         return cls(config=config, out=out, phases=phases, route=route, rounds=rounds, consumer_cpus=consumer_cpus,
-                   consumer_cpu_share=consumer_cpu_share, **base)
+                   consumer_cpu_share=consumer_cpu_share, also=tuple(dict.fromkeys(also)), **base)
