@@ -124,12 +124,14 @@ class Collector:
             time.sleep(POLL_S)
         return True
 
-    def settle(self, done, idle_s: float) -> float:
-        """Wait until `done()` or no new reply for `idle_s`; the time of the last reply seen."""
+    def settle(self, done, idle_s: float, busy: Callable[[], bool] = lambda: False) -> float:
+        """Wait until `done()` or no new reply for `idle_s` once `busy()` is False (the publisher still
+        sending: a broker busy reading a burst may hold a consumer's replies back for seconds, as
+        mosquitto does with a 3.1.1 client's window of 20); the time of the last reply seen."""
         seen, last_change = -1, time.monotonic()
         while not done():
             count = len(self.by_id) + len(self.anonymous)
-            if count != seen:
+            if count != seen or busy():
                 seen, last_change = count, time.monotonic()
             elif time.monotonic() - last_change > idle_s:
                 break

@@ -172,7 +172,7 @@ class Bench:
             writer = threading.Thread(target=pub.send_file, args=(path,), daemon=True)
             writer.start()
             by_id = self.collector.by_id
-            self.collector.settle(lambda: all(i in by_id for i in ids), self.plan.settle)
+            self.collector.settle(lambda: all(i in by_id for i in ids), self.plan.settle, busy=writer.is_alive)
             cpu = consumer.cpu_s() - cpu0
             writer.join()
         finally:
