@@ -56,6 +56,10 @@ class OutboxConfig:
     max_mb: float = 64.0
     """Size cap in MiB; past it the newest reply is refused and counted (its request is still
     unacked at the broker, so a QoS 1 request is redelivered and answered later). 0: no outbox."""
+    broker_window: int = 100
+    """Native transport: once this many requests (at most ReceiveMaximum) wait unacked, all answered,
+    their replies still awaiting PUBACK are written here and the requests acked: a broker that holds
+    its window to us full confirms nothing (rumqttd 0.20: 100, whatever ReceiveMaximum says). 0: never."""
 
 
 def default_client_id() -> str:
@@ -340,6 +344,7 @@ def _read_outbox(r: Reader, m: Mapping, base: Path) -> OutboxConfig:
     return OutboxConfig(
         dir=systemd_base("STATE_DIRECTORY", base) / r.get(o, "dir", "mqtt.outbox", str, str(d.dir)),
         max_mb=r.get(o, "max_mb", "mqtt.outbox", float, d.max_mb, minimum=0),
+        broker_window=r.get(o, "broker_window", "mqtt.outbox", int, d.broker_window, minimum=0),
     )
 
 

@@ -13,6 +13,10 @@ then they go out together, in order, under one lock (two workers never interleav
 Each connection starts a fresh order: a request from an earlier connection is never acked on
 this one, where its packet id may name another message; the broker redelivers it instead
 (a duplicate reply at worst, which at-least-once allows).
+
+It also knows which waiting requests are answered (their reply handed to the link): when
+every one of at least a window's worth is, nothing here can move them but the broker
+(safe_ack.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class AckOrder:
         self._queue: deque[Inbound] = deque()
         self._pending: set[int] = set()  # id() of each queued request
         self._ready: set[int] = set()  # id() of queued requests that may be acked
+        self._answered: set[int] = set()  # id() of queued requests whose reply awaits its PUBACK
         self.stale = 0  # acks of an earlier connection's requests, not sent
 
     def arrived(self, inbound: Inbound) -> None:
@@ -53,6 +58,7 @@ class AckOrder:
                 self.stale += 1
                 return
             self._ready.add(key)
+            self._answered.discard(key)
             queue, turn = self._queue, []
             while queue and id(queue[0]) in self._ready:
                 head = queue.popleft()
@@ -62,12 +68,32 @@ class AckOrder:
             if turn:
                 self._send(turn)
 
+    def answered(self, inbound: Inbound) -> None:
+        """`inbound`'s reply is handed to the link (call it before the publish wakes the network
+        thread, so the thread's next check sees it); a no-op once it may be acked."""
+        key = id(inbound)
+        with self._lock:
+            if key in self._pending and key not in self._ready:
+                self._answered.add(key)
+
+    def all_answered(self, at_least: int) -> bool:
+        """At least `at_least` requests wait, and each is answered or ackable: none is being worked on."""
+        with self._lock:
+            waiting = len(self._queue)
+            return waiting >= at_least and len(self._answered) + len(self._ready) >= waiting
+
+    def answered_keys(self) -> set[int]:
+        """id() of the waiting requests whose replies await their PUBACK."""
+        with self._lock:
+            return set(self._answered)
+
     def new_connection(self) -> None:
         """A new connection (after its CONNACK, before its first PUBLISH): the old order is void."""
         with self._lock:
             self._queue.clear()
             self._pending.clear()
             self._ready.clear()
+            self._answered.clear()
 
     @property
     def waiting(self) -> int:

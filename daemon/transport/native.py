@@ -17,6 +17,11 @@ one write. Workers publish from their own threads: a packet goes onto the output
 one lock and the loop is woken through a socketpair once per `batch()` (or per call outside
 one; native_wake.py); the network thread's own writes wake nothing.
 
+One delivery rule is the native link's own: where the broker holds its window to us full
+(rumqttd 0.20 confirms none of our publishes while 100 messages to us are unacked), a request
+is acked once its reply is on disk in the outbox instead of once it is PUBACKed; the row goes
+on the PUBACK, and a restart sends it again (safe_ack.py says when, and why no timer).
+
 MQTT v5 only, QoS 0 or 1 (config check refuses the rest, naming `mqtt.transport`).
 """
 
@@ -45,6 +50,7 @@ from daemon.transport.native_wake import Wakeup
 from daemon.transport.native_window import Out, PublishWindow
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
+from daemon.transport.safe_ack import SafeAck
 
 logger = logging.getLogger(__name__)
 # stop() waits this much longer than a connect may take for the network thread to end.
@@ -92,6 +98,8 @@ class NativeLink(LinkCommon):
         self._thread = threading.Thread(target=self._run, name="mqtt-native", daemon=True)
         self.outbox = outbox
         self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
+        self._held = SafeAck(min(receive_maximum or REPLY_WINDOW, config.outbox.broker_window), self._acks,
+                             self._lock, self._window, self._safe, outbox, self._flusher, self.ack)
 
     # -- the interface the daemon uses (mqtt.MqttLink's) --
 
@@ -117,6 +125,7 @@ class NativeLink(LinkCommon):
         """Publish a request's reply, and ack the request once the broker has the reply. While
         the broker is away the reply goes to the outbox (link_common.py)."""
         if not self._stored_while_away(topic, payload, inbound.correlation_data):
+            self._acks.answered(inbound)  # before the publish wakes the network thread (safe_ack.py)
             self._publish(Out(topic, payload, False, inbound.correlation_data, None, inbound))
 
     def ack(self, inbound: Inbound) -> None:
@@ -137,6 +146,11 @@ class NativeLink(LinkCommon):
     @property
     def loop_alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def acks_after_outbox(self) -> int:
+        """Requests acked once their replies were on disk, the broker's window to us held (safe_ack.py)."""
+        return self._held.acks
 
     @property
     def unconfirmed_replies(self) -> int:
@@ -273,6 +287,7 @@ class NativeLink(LinkCommon):
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:
                 self._handle(conn.read())
+            self._held.check()
             ping = conn.keepalive()
             if ping is not None:
                 with self._lock:

@@ -75,6 +75,29 @@ class PublishWindow:
         self._queued.clear()
         return left
 
+    def owned(self, keys: set[int]) -> list[Out]:
+        """The publishes, in flight or queued, whose owner's id() is in `keys`."""
+        return [out for out in (*self._inflight.values(), *self._queued) if id(out.owner) in keys]
+
+    def reown(self, owners: dict[int, object]) -> list[tuple[Optional[int], object]]:
+        """Hand each publish whose owner's id() is a key of `owners` to its new owner (it goes out,
+        or is resent, as before); returns (its packet id, None while queued; its old owner) for each."""
+        moved: list[tuple[Optional[int], object]] = []
+        for mid, out in self._inflight.items():
+            new = owners.get(id(out.owner))
+            if new is not None:
+                self._inflight[mid] = out._replace(owner=new)
+                moved.append((mid, out.owner))
+        queued: deque[Out] = deque()
+        for out in self._queued:
+            new = owners.get(id(out.owner))
+            if new is not None:
+                moved.append((None, out.owner))
+                out = out._replace(owner=new)
+            queued.append(out)
+        self._queued = queued
+        return moved
+
     @property
     def pending(self) -> int:
         return len(self._inflight) + len(self._queued)

@@ -85,6 +85,20 @@ class Outbox:
             self._rows += len(kept)
             return len(kept)
 
+    def put_rows(self, replies: list[tuple[str, bytes, Optional[bytes]]]) -> list[Row]:
+        """Store all the replies in one transaction, or none (an empty list) when they do not all
+        fit; returns their rows, in order. Raises OSError or sqlite3.Error when the disk refuses."""
+        sizes = [_size(topic, payload) for topic, payload, _ in replies]
+        with self._lock:
+            if sum(sizes) > self._max_bytes - self._bytes:
+                return []
+            with self._db:
+                rows = [Row(self._db.execute("INSERT INTO replies (topic, payload, correlation) VALUES (?, ?, ?)",
+                                             reply).lastrowid, *reply) for reply in replies]
+            self._bytes += sum(sizes)
+            self._rows += len(rows)
+            return rows
+
     def oldest(self, limit: int, after: int = 0) -> list[Row]:
         with self._lock:
             found = self._db.execute("SELECT id, topic, payload, correlation FROM replies WHERE id > ? "
@@ -129,6 +143,7 @@ class OutboxFlusher:
         self._connected = connected
         self._cond = threading.Condition()
         self._handed: dict[int, Row] = {}  # rows paho holds: never handed twice by this process
+        self._adopted: set[int] = set()  # ids of rows the link already holds as publishes (adopt)
         self._last_handed = 0
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
@@ -141,11 +156,18 @@ class OutboxFlusher:
         with self._cond:
             self._cond.notify()
 
+    def adopt(self, rows: list[Row]) -> None:
+        """Rows stored for publishes the link holds already (native safe_ack.py): never handed;
+        each leaves the disk on `confirmed`, like a handed row."""
+        with self._cond:
+            self._adopted.update(row.id for row in rows)
+
     def confirmed(self, row: Row) -> None:
         """paho thread: the broker has this row (its PUBACK)."""
         self._outbox.remove(row)
         with self._cond:
             self._handed.pop(row.id, None)
+            self._adopted.discard(row.id)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -177,10 +199,12 @@ class OutboxFlusher:
             rows = self._outbox.oldest(room, after=self._last_handed)
             for row in rows:
                 with self._cond:
-                    self._handed[row.id] = row
                     self._last_handed = row.id
+                    if row.id in self._adopted:
+                        continue
+                    self._handed[row.id] = row
                 self._publish(row)
 
     def _should_hand(self) -> bool:
         return self._stopping or (self._connected.is_set() and len(self._handed) < FLUSH_WINDOW
-                                  and self._outbox.rows > len(self._handed))
+                                  and self._outbox.rows > len(self._handed) + len(self._adopted))

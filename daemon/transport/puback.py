@@ -46,6 +46,12 @@ class AwaitingPuback:
         if owner is not None:
             self._done(owner)
 
+    def reown(self, mid: int, owner: object) -> None:
+        """`mid`'s PUBACK now completes `owner` instead (the native link's safe_ack.py)."""
+        with self._lock:
+            if mid in self._awaiting:
+                self._awaiting[mid] = owner
+
     def owner(self, mid: int) -> Optional[object]:
         with self._lock:
             return self._awaiting.get(mid)
