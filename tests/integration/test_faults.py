@@ -63,6 +63,29 @@ def test_a_daemon_killed_mid_stream_answers_everything_after_a_restart(tmp_path,
     assert all("label" in r for r in replies)
 
 
+@pytest.mark.brokers("backlog")
+def test_a_backlog_of_1000_queued_while_the_daemon_is_stopped_drains_with_a_result_each(tmp_path, broker, client,
+                                                                                        start_daemon, transport):
+    """Ten times rumqttd's window of 100: there the native link acks once the replies are in the
+    outbox, not once their PUBACKs (held while the window is full) come (safe_ack.py)."""
+    config = write_config(tmp_path, transport=transport, cache={"enabled": False})
+    first = start_daemon(config, wait_online=client)  # its persistent session holds the subscription
+    assert first.stop() == 0, first.log()
+    client.subscribe("results/b1/activity")
+    n = 1000
+    burst(client, "sensors/b1/imu", activity_payloads(n))  # queued at the broker for the stopped daemon
+    second = start_daemon(config)
+    replies = wait_unique_ids(client, "results/b1/activity", n)
+    assert {r["id"] for r in replies} == set(range(n))  # none lost; duplicates allowed
+    assert all("label" in r for r in replies)
+    assert second.stop() == 0, second.log()
+    outbox = second.final_stats()["outbox"]
+    print(f"{broker.kind} over {transport}: {outbox} ({n} requests), "
+          f"{len(replies)} replies")
+    if broker.kind == "rumqttd":
+        assert outbox["acks_after_outbox"] > 0, outbox
+
+
 @pytest.mark.brokers("retain_as_published")
 def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon, transport):
     payload = activity_payloads(1)[0]
