@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Callable
 
 from daemon.tools.bench.cpus import Placement
 from daemon.tools.bench.load import require_clients
@@ -56,8 +58,9 @@ def consumers(plan: Plan) -> tuple[Consumer, ...]:
     return CONSUMERS + tuple(ALSO[name] for name in plan.also)
 
 
-def run_bench(plan: Plan) -> dict:
-    """Every selected phase, `plan.rounds` times, against one private broker; the results as one dict."""
+def run_bench(plan: Plan, make_broker: Callable[[], AbstractContextManager] = Broker) -> dict:
+    """Every selected phase, `plan.rounds` times, against one private broker (mosquitto, or what
+    `make_broker` starts: benchmarks/bench_rumqttd.py); the results as one dict."""
     require_clients()
     started = time.monotonic()
     workload = build_workload(plan.config, plan.route)
@@ -68,8 +71,8 @@ def run_bench(plan: Plan) -> dict:
                                                     else None])]
     rounds = []
     placement = Placement(plan.consumer_cpus, plan.consumer_cpu_share)
-    with placement, Broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-bench-") as tmp:
-        logger.info("mosquitto on %s; route %s; phases %s", broker.address, plan.route, ", ".join(plan.phases))
+    with placement, make_broker() as broker, tempfile.TemporaryDirectory(prefix="edge-inferd-bench-") as tmp:
+        logger.info("%s on %s; route %s; phases %s", getattr(broker, "name", "mosquitto"), broker.address, plan.route, ", ".join(plan.phases))
         bench = Bench(broker.address, Path(tmp), plan, tuple(dict.fromkeys(replies)), preexec=placement.preexec)
         try:
             for n in range(plan.rounds):
@@ -92,7 +95,7 @@ def meta(plan: Plan, workload: Workload, distinct: float, wall_s: float) -> dict
     consumers = {c.name: c.overrides or list(c.args)
                  for c in (*CONSUMERS, *(ALSO[n] for n in plan.also), WAIT_500_CONSUMER, CACHE_CONSUMER,
                            *STRESS_CONSUMERS)}
-    return {"wall_s": round(wall_s, 1), "cpus": os.cpu_count(), "machine": platform.machine(),
+    return {"wall_s": round(wall_s, 1), "transport": plan.transport, "cpus": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(), "overrides": consumers,
             "workload": {"route": plan.route, "config": str(plan.config), "request_topic": workload.request_topic,
                          "reply_topic": workload.reply_topic, "source": workload.source,

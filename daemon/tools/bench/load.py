@@ -55,9 +55,19 @@ def require_clients() -> None:
         raise DaemonError(f"{' and '.join(missing)} not found: apt-get install mosquitto-clients")
 
 
+# Extra options of every mosquitto_pub/_sub: ("-V", "5") for a broker that serves MQTT v5 only
+# on its port (benchmarks/bench_rumqttd.py); the options later on a command line win.
+_CLIENT_PROTOCOL: list[str] = []
+
+
+def use_mqtt5_clients() -> None:
+    """Every later mosquitto_pub/_sub speaks MQTT v5 (rumqttd answers a 3.1.1 CONNECT on its v5 port with nothing)."""
+    _CLIENT_PROTOCOL[:] = ["-V", "5"]
+
+
 def host_port(address: str) -> list[str]:
     host, port = address.rsplit(":", 1)
-    return ["-h", host, "-p", port]
+    return ["-h", host, "-p", port, *_CLIENT_PROTOCOL]
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,10 @@ class Bench:
         logger.info("starting %s", consumer.name)
         log = workdir / "consumer.log"
         if consumer.kind == "daemon":
-            return start_daemon(self.plan.config, workdir, client_id, consumer.overrides, self.address, log,
+            overrides = consumer.overrides
+            if self.plan.transport is not None:
+                overrides = {**overrides, "mqtt": {**overrides.get("mqtt", {}), "transport": self.plan.transport}}
+            return start_daemon(self.plan.config, workdir, client_id, overrides, self.address, log,
                                 session=consumer.session, preexec=self.preexec)
         cmd = [sys.executable, "-m", "daemon.tools.baselines", consumer.kind, "--broker", self.address,
                "--config", str(self.plan.config), "--route", self.plan.route, "--client-id", client_id,

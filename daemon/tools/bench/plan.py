@@ -49,6 +49,7 @@ class Plan:
     consumer_cpus: tuple[int, ...] = ()  # the consumers' CPUs; the bench and broker get the rest (cpus.py)
     consumer_cpu_share: Optional[float] = None  # the consumers capped at this share of one CPU
     also: tuple[str, ...] = ()  # more consumers (e2e.ALSO: echo-v5, naive-v5, daemon-paho, daemon-native)
+    transport: Optional[str] = None  # every daemon's mqtt.transport, when set (else the config's)
 
     @classmethod
     def build(cls, config: Path, out: Path, requests: Optional[int] = None, duration: Optional[float] = None,
