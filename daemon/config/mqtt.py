@@ -34,7 +34,7 @@ CREDENTIAL_NAME = "mqtt-password"
 PROTOCOLS = {"5": 5, "3.1.1": 311, "311": 311}
 TRANSPORTS = ("auto", "paho", "native")
 AUTO, PAHO, NATIVE = TRANSPORTS
-# The Python package behind `transport: native` (the `native` extra: pip install 'edge-inferd[native]').
+# The Python package behind `transport: native` (a default dependency on CPython >= 3.11).
 NATIVE_PACKAGE = "mqtt5"
 
 
@@ -114,18 +114,23 @@ class MqttConfig:
     """TLS to the broker, hostname verified; null: plain TCP, unless `broker` is `mqtts://`."""
     outbox: OutboxConfig = OutboxConfig()
     """The on-disk outbox (daemon/transport/outbox.py)."""
-    transport: str = PAHO
-    """The MQTT client underneath: `paho` (paho-mqtt, the default) or `native` (on trial: the `mqtt5`
-    Rust codec, daemon/transport/native.py, cheaper per request on some workloads;
-    docs/performance.md says why it is not the default yet). Same delivery rules; native needs protocol 5, qos 0 or 1 and
-    `pip install 'edge-inferd[native]'`. `auto`: native where it can be, else paho."""
+    transport: str = AUTO
+    """The MQTT client underneath. `auto` (the default): one per protocol, `native` for MQTT v5 (the
+    `mqtt5` Rust codec, daemon/transport/native.py: less CPU per request and faster drains than paho
+    on every workload measured, docs/performance.md) and `paho` (paho-mqtt as shipped) for 3.1.1 and
+    QoS 2, or where the mqtt5 package is missing (Python 3.10). `native` or `paho` by name forces one:
+    native needs protocol 5 and qos 0 or 1; paho speaks v5 too, but the delivery tests run v5 over
+    native only. Resolved when the config is read: stats and logs show `native` or `paho`."""
     host: str = field(init=False, default="", metadata={"doc": False})
     port: int = field(init=False, default=0, metadata={"doc": False})
     tls_implied: bool = field(init=False, default=False, metadata={"doc": False})
     """TLS is on because the broker is `mqtts://`, not because `tls` was set."""
 
     def __post_init__(self) -> None:
-        """Parse the broker once (ValueError when malformed); `mqtts://` without `tls` is TlsConfig()."""
+        """Parse the broker once (ValueError when malformed); `mqtts://` without `tls` is TlsConfig();
+        `transport: auto` resolved."""
+        if self.transport == AUTO:
+            object.__setattr__(self, "transport", auto_transport(self.protocol, self.qos))
         address = parse_broker(self.broker, tls=self.tls is not None)
         object.__setattr__(self, "host", address.host)
         object.__setattr__(self, "port", address.port)
@@ -276,12 +281,15 @@ def read_mqtt(r: Reader, m: Mapping, base: Path) -> MqttConfig:
     )
 
 
+def auto_transport(protocol: int, qos: object) -> str:
+    """One transport per protocol: native for MQTT v5 (QoS 0 or 1, where its package is installed), else paho."""
+    native = protocol == 5 and qos != 2 and importlib.util.find_spec(NATIVE_PACKAGE) is not None
+    return NATIVE if native else PAHO
+
+
 def _read_transport(r: Reader, m: Mapping, protocol: str, qos: object) -> str:
-    """`paho` or `native` (`auto` resolved here); native speaks MQTT v5 only, QoS 0 or 1, and needs its package."""
+    """`auto`, `paho` or `native`; native speaks MQTT v5 only, QoS 0 or 1, and needs its package."""
     transport = r.get(m, "transport", "mqtt", str, MqttConfig.transport, choices=TRANSPORTS)
-    if transport == AUTO:
-        native = PROTOCOLS.get(protocol, 5) == 5 and qos != 2 and importlib.util.find_spec(NATIVE_PACKAGE) is not None
-        return NATIVE if native else PAHO
     if transport != NATIVE:
         return transport
     if PROTOCOLS.get(protocol, 5) != 5:
@@ -290,7 +298,7 @@ def _read_transport(r: Reader, m: Mapping, protocol: str, qos: object) -> str:
         r.error(m, "transport", "mqtt", "native does QoS 0 and 1 only: set qos: 1, or transport: paho for QoS 2")
     if importlib.util.find_spec(NATIVE_PACKAGE) is None:
         r.error(m, "transport", "mqtt", f"native needs the {NATIVE_PACKAGE} package, which is not installed: "
-                "pip install 'edge-inferd[native]' (wheels for x86-64, aarch64 and armv7), or transport: paho")
+                "pip install mqtt5 (CPython >= 3.11; wheels for x86-64, aarch64 and armv7), or transport: paho")
     return transport
 
 

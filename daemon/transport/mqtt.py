@@ -1,9 +1,12 @@
-"""The paho boundary: connect, reconnect, subscribe, status, publish, ack.
+"""The paho link (MQTT 3.1.1, and v5 where the native link's wheel is missing): connect,
+reconnect, subscribe, status, publish, ack.
 
-Callbacks only convert and hand on; they never decode, infer or block. paho quirks
-that shape this module:
-- `loop_start()` runs `loop_forever(retry_first_connection=True)`, so with
-  `connect_async` the daemon starts even when the broker is down at boot.
+paho runs as shipped: no private method of it is overridden. Its network thread is
+paho_loop.py's, over paho's public external-loop calls (for a connect failure's cause, read
+bursts and holding). Callbacks only convert and hand on; they never decode, infer or block.
+paho quirks that shape this module:
+- `connect_async` only stores the address; the network thread connects, and retries
+  while the broker is down, so the daemon starts even when the broker is down at boot.
 - Subscriptions are made in `on_connect` (after checking its reason code) so that a
   reconnect resubscribes.
 - An exception escaping a callback stops paho's loop thread unless
@@ -32,14 +35,16 @@ that shape this module:
   connection dropped, and `stop()` moves what it still holds unconfirmed (`drop_out_messages`)
   to the outbox. The flusher hands stored rows to paho once connected, each only once.
 - paho's own window of QoS 1 publishes in flight (20 by default) is raised to the
-  request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip.
+  request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip;
+  and lowered to a v5 broker's own ReceiveMaximum at each CONNACK, which paho 2.x reads
+  but does not keep to (MQTT 5, 4.9.0).
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped; but for the fleet's
   desired documents (`edge-inferd/fleet/...`), which are retained on purpose and sent on subscribe.
-- Intake gets the requests of one read burst (all that one `loop_read` pass decoded,
-  at most MAX_BURST or MAX_BURST_BYTES) in one call, in order, at the burst's end
-  (`on_read_burst_end`, paho_client.py): one hand-off per burst, not per message.
+- Intake gets the requests of one read burst (all that one `loop()` pass decoded,
+  at most MAX_BURST or MAX_BURST_BYTES) in one call, in order, at the pass's end
+  (paho_loop.py): one hand-off per burst, not per message.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ import logging
 import socket
 import threading
 import time
-from contextlib import AbstractContextManager
-from typing import Callable, Optional, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -65,8 +70,8 @@ from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
-from daemon.transport.paho_client import Client
-from daemon.transport.paho_packets import ReplyProperties
+from daemon.transport.paho_loop import PahoLoop
+from daemon.transport.paho_window import Window
 from daemon.obs.throttled_log import ThrottledLog
 
 logger = logging.getLogger(__name__)
@@ -81,7 +86,7 @@ REPLY_WINDOW = 1024
 # (with read-ahead, a backlog reads as one burst for as long as bytes keep coming).
 MAX_BURST = 64
 # ... or of at most about these many payload bytes: admission sees a filling budget within a read
-# burst, and reading holds (paho_client.py) before the burst has taken in more than this past it.
+# burst, and reading holds (paho_loop.py) before the next pass takes in more.
 MAX_BURST_BYTES = 1 << 16
 
 
@@ -112,12 +117,12 @@ def _grants(flags: object, properties: Optional[Properties]) -> Grants:
                   shared_subscriptions=bool(getattr(properties, "SharedSubscriptionAvailable", 1)))
 
 
-def _paho_client(config: MqttConfig, window: int) -> Client:
+def _paho_client(config: MqttConfig, window: int) -> paho.Client:
     """paho configured from `mqtt:`: protocol and session, login, TLS, the publish window, the LWT
     and the reconnect delays (callbacks are the link's to set)."""
     protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
     clean_session = None if config.is_v5 else not config.persistent
-    client = Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
                     clean_session=clean_session, manual_ack=True)
     if config.username is not None:
         client.username_pw_set(config.username, config.password)
@@ -131,12 +136,19 @@ def _paho_client(config: MqttConfig, window: int) -> Client:
     # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
     client.max_inflight_messages_set(window)
     client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
-    client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # whole seconds
     return client
 
 
 def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
+
+
+class _Publish(NamedTuple):
+    topic: str
+    payload: bytes
+    retain: bool
+    properties: Optional[Properties]
+    owner: Optional[object]  # the request a reply answers, an outbox row, or None
 
 
 class MqttLink(LinkCommon):
@@ -147,7 +159,7 @@ class MqttLink(LinkCommon):
                  may_read: Callable[[], bool] = lambda: True):
         """`largest_request`: the largest request payload a route accepts, checked against the broker's
         Maximum Packet Size (broker_grants.py). `may_read`: False while the daemon's byte budget is
-        full; nothing more is read until it is True again (paho_client.py, "Holding")."""
+        full; nothing more is read until it is True again (paho_loop.py, "Holding")."""
         self._config = config
         self._receive_maximum = receive_maximum
         self._grants = GrantLog(config, receive_maximum or REPLY_WINDOW, largest_request)
@@ -160,17 +172,19 @@ class MqttLink(LinkCommon):
         self._accepting.set()  # until close_intake: a resumed session delivers before we subscribe
         self._subscribing = threading.Event()
         self.connected = threading.Event()
-        self._client = _paho_client(config, receive_maximum or REPLY_WINDOW)
+        self._window_size = receive_maximum or REPLY_WINDOW
+        self._window: Window[_Publish] = Window(self._send)
+        self._client = _paho_client(config, self._window_size)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
         self._client.on_publish = self._on_publish
-        self._client.on_connect_fail = self._on_connect_fail
-        self._client.on_read_burst_end = self._hand_on_burst
-        self._client.may_read = may_read
         self._log = ThrottledLog(logger)
         self._health = LinkHealth(config.url, config.client_id, config.reconnect_min_s, config.reconnect_max_s)
+        self._may_read = may_read
+        self._loop = PahoLoop(self._client, self._hand_on_burst, may_read, self._connect_failed,
+                              self._health.next_retry_s, config.keepalive_s)
         self._stopping = False
         self._safe = AwaitingPuback(self._published)
         self.outbox = outbox
@@ -192,7 +206,7 @@ class MqttLink(LinkCommon):
             options = {"properties": properties, "clean_start": not self._config.persistent}
         self._client.connect_async(self._config.host, self._config.port, keepalive=self._config.keepalive_s,
                                    **options)
-        self._client.loop_start()
+        self._loop.start()
         if self._flusher is not None:
             self._flusher.start()
 
@@ -220,7 +234,7 @@ class MqttLink(LinkCommon):
         self._acks.new_connection()
         grants = _grants(flags, properties)
         self._grants.connack(grants)
-        self._client.fit_window(grants.receive_maximum)
+        self._window.connected(min(self._window_size, grants.receive_maximum))  # MQTT 5 4.9.0 (paho_window.py)
         disable_nagle(client.socket())
         self.connected.set()
         if self._flusher is not None:
@@ -228,8 +242,8 @@ class MqttLink(LinkCommon):
         if self._subscribing.is_set():
             self._subscribe()
 
-    def _on_connect_fail(self, client, userdata) -> None:
-        self._health.connect_failed(getattr(client, "last_connect_error", None), self._config.host, self._config.port)
+    def _connect_failed(self, error: Exception) -> None:
+        self._health.connect_failed(error, self._config.host, self._config.port)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was_connected = self.connected.is_set()
@@ -249,6 +263,9 @@ class MqttLink(LinkCommon):
             if msg.retain and not wants_retained(msg.topic):  # not a request (module doc)
                 self._acks.ack(inbound)
                 return
+            if not self._may_read():  # the byte budget is full: hold inside this read pass (paho_loop.py)
+                self._hand_on_burst()
+                self._loop.hold()
             self._burst.append(inbound)
             self._burst_bytes += len(inbound.payload)
             if len(self._burst) >= MAX_BURST or self._burst_bytes >= MAX_BURST_BYTES:
@@ -304,21 +321,36 @@ class MqttLink(LinkCommon):
 
     def _published(self, owner: object) -> None:
         """The broker has the publish `owner` waited for: ack its request, or drop its outbox row."""
+        if self._config.qos > 0:
+            self._window.confirmed()  # every publish with an owner was counted (paho_window.py)
         if isinstance(owner, Inbound):
             self.ack(owner)
         elif isinstance(owner, Row) and self._flusher is not None:
             self._flusher.confirmed(owner)
 
     def _publish(self, topic: str, payload: bytes, retain: bool, correlation_data: Optional[bytes],
-                 owner: Optional[object], response_topic: Optional[str] = None) -> paho.MQTTMessageInfo:
+                 owner: Optional[object], response_topic: Optional[str] = None) -> Optional[paho.MQTTMessageInfo]:
+        """A reply or outbox row (`owner`) waits its turn in the broker's window (paho_window.py);
+        anything else goes at once. None: it waits."""
         properties = None
         if (correlation_data is not None or response_topic is not None) and self._config.is_v5:
-            properties = ReplyProperties(correlation_data, response_topic)  # paho's Properties: 20 µs a reply
-        info = self._client.publish(topic, payload, qos=self._config.qos, retain=retain, properties=properties)
+            properties = Properties(PacketTypes.PUBLISH)
+            if correlation_data is not None:
+                properties.CorrelationData = correlation_data
+            if response_topic is not None:
+                properties.ResponseTopic = response_topic
+        publish = _Publish(topic, payload, retain, properties, owner)
+        if owner is not None and self._config.qos > 0 and not self._window.offer(publish):
+            return None
+        return self._send(publish)
+
+    def _send(self, publish: "_Publish") -> paho.MQTTMessageInfo:
+        info = self._client.publish(publish.topic, publish.payload, qos=self._config.qos, retain=publish.retain,
+                                    properties=publish.properties)
         if self._config.qos > 0:
-            self._safe.register(info.mid, owner)
-        elif owner is not None:
-            self._published(owner)  # QoS 0 replies are never acknowledged; nothing to wait for
+            self._safe.register(info.mid, publish.owner)
+        elif publish.owner is not None:
+            self._published(publish.owner)  # QoS 0 replies are never acknowledged; nothing to wait for
         return info
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
@@ -327,18 +359,18 @@ class MqttLink(LinkCommon):
 
     @property
     def loop_alive(self) -> bool:
-        """paho's network thread is running (paho keeps it in `_thread`; there is no public accessor)."""
-        thread = getattr(self._client, "_thread", None)
-        return thread is not None and thread.is_alive()
+        """The network thread (paho_loop.py) is running."""
+        return self._loop.alive
 
     @property
     def unconfirmed_replies(self) -> int:
-        """Publishes the broker has not confirmed yet, held by paho for resending."""
-        return self._safe.pending
+        """Publishes the broker has not confirmed yet, held by paho for resending, and replies
+        waiting for room in the broker's window."""
+        return self._safe.pending + self._window.waiting
 
     def batch(self) -> AbstractContextManager:
-        """Replies and acks sent inside this block wake paho's loop once (see paho_client.py)."""
-        return self._client.quiet_wakeups()
+        """Nothing to gather: each reply and ack is queued to paho, which wakes its network thread."""
+        return nullcontext()
 
     def ack(self, inbound: Inbound) -> None:
         """Acknowledge a request once its reply is published (no-op for QoS 0)."""
@@ -361,10 +393,13 @@ class MqttLink(LinkCommon):
             except (RuntimeError, ValueError) as exc:
                 logger.warning("could not publish offline status: %s", exc)
         self._client.disconnect()
-        stop_loop(self._client)
+        self._loop.stop(timeout_s)
         self._close_outbox()
 
     def _unconfirmed_rows(self) -> list[StoredReply]:
-        """paho keeps only QoS 1 and 2 publishes, each registered with its owner: a reply's is its request."""
+        """paho keeps only QoS 1 and 2 publishes, each registered with its owner: a reply's is its
+        request; then the replies still waiting for the broker's window."""
         left = [m for m in self._client.drop_out_messages() if isinstance(self._safe.owner(m.mid), Inbound)]
-        return [(m.topic, m.payload, getattr(m.properties, "CorrelationData", None)) for m in left]
+        rows = [(m.topic, m.payload, getattr(m.properties, "CorrelationData", None)) for m in left]
+        waiting = [p for p in self._window.take_waiting() if isinstance(p.owner, Inbound)]
+        return rows + [(p.topic, p.payload, getattr(p.properties, "CorrelationData", None)) for p in waiting]

@@ -2,7 +2,7 @@
 
 A worker queues its packets on the link's output list and then wakes the network thread by
 writing one byte to a socketpair it selects on. Three rules keep that to about one system
-call per batch of replies, as paho_client.py's `quiet_wakeups` does for paho:
+call per batch of replies:
 - inside `batch()` a thread only notes that it owes a wake-up, and pays it once at the end;
 - the network thread never wakes itself: it writes at the end of the burst it is handling;
 - while a wake-up is pending (sent, not yet seen) no second byte is written.

@@ -3,9 +3,9 @@
 mosquitto is every test's broker. A test marked `@pytest.mark.brokers(*features)` runs on each
 broker below instead: where the broker is not installed, or lacks one of `features`, its run is
 skipped with the reason (what the broker does instead, measured here or in its docs;
-docs/brokers.md has the table). The other brokers run over the default transport (paho): the
-native transport's runs stay on mosquitto, which keeps the suite inside its time budget, but
-for rumqttd's runs of the tests that need `backlog`, which run over native only there.
+docs/brokers.md has the table). Every broker runs the v5 transport (native); the 3.1.1
+transport (paho) runs on mosquitto only (PAHO_ON_MOSQUITTO), which keeps the suite inside its
+time budget.
 
 Features:
 - `persistence`: sessions and queued messages survive a broker restart;
@@ -15,7 +15,7 @@ Features:
 - `takeover_reason`: the older of two clients with one id gets DISCONNECT 0x8E (session taken over);
 - `backlog`: a backlog of 100 or more at the daemon drains: the broker confirms a client's
   publishes however many messages to it are unacked, or the transport does not need it to
-  (the native one acks on the outbox's word where the window is held: LACKS_OVER_PAHO);
+  (native acks on the outbox's word where the window is held: daemon/transport/safe_ack.py);
 - `dead_member_kept`: what was in flight to a share member when it died is delivered again
   (to it on its return, or to the group), not dropped;
 - `retain_as_published`: a v5 subscription's Retain As Published is honoured (the daemon tells
@@ -107,13 +107,9 @@ KINDS: dict[str, BrokerKind] = {
 }
 
 
-# What a broker lacks over the paho transport only: the native one makes up for it.
-LACKS_OVER_PAHO: dict[str, dict[str, str]] = {
-    "rumqttd": {"backlog": "rumqttd 0.20 confirms none of a client's publishes while 100 messages to it are "
-                           "unacked, so a backlog of 100 or more deadlocks paho's acks-after-reply "
-                           "(tools/dev/probe_rumqttd.py full_window); the native transport acks on the outbox's "
-                           "word there (daemon/transport/safe_ack.py)"},
-}
+# Why a delivery test's paho (MQTT 3.1.1) run is on mosquitto only.
+PAHO_ON_MOSQUITTO = ("the other brokers run the v5 transport (native); paho, the 3.1.1 transport, runs the "
+                     "delivery tests on mosquitto")
 
 
 def register(kind: BrokerKind) -> None:

@@ -34,24 +34,27 @@ from daemon.transport.mqtt import disable_nagle, stop_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0
-# mqtt.transport values a delivery test runs over: the native one only where its wheel is installed.
+# The transports a delivery test runs over, one per protocol: native for MQTT v5 (on every broker),
+# paho for 3.1.1 (on mosquitto; write_config sets the protocol with it).
+NATIVE, PAHO = "native", "paho"
 TRANSPORTS = [
-    pytest.param("paho"),
-    pytest.param("native", marks=pytest.mark.skipif(
+    pytest.param(NATIVE, marks=pytest.mark.skipif(
         importlib.util.find_spec("mqtt5") is None,
-        reason="mqtt.transport: native needs the mqtt5 wheel (pip install -e '.[native]')")),
+        reason="mqtt.transport: native needs the mqtt5 package (a default dependency on CPython >= 3.11)")),
+    pytest.param(PAHO, id="paho-3.1.1"),
 ]
 
 
 @pytest.fixture(params=TRANSPORTS)
 def transport(request) -> str:
-    """The `mqtt.transport` a delivery test runs over (pass it to write_config)."""
+    """The `mqtt.transport` a delivery test runs over (pass it to write_config): native on MQTT v5,
+    or paho on 3.1.1. A test of what only v5 carries takes no `transport`: it runs on the default."""
     return request.param
 
 
 def pytest_generate_tests(metafunc):
     """A test marked `brokers(*features)` runs on every broker of brokers.KINDS (skipped with the
-    reason where one is missing or lacks a feature), over the default transport on the others."""
+    reason where one is missing or lacks a feature)."""
     marker = metafunc.definition.get_closest_marker("brokers")
     if marker is None or "broker" not in metafunc.fixturenames:
         return
@@ -59,21 +62,13 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(items):
-    """Other brokers run over the default transport only (brokers.py says why), but where a
-    feature the test needs is one that only the native transport makes up for (LACKS_OVER_PAHO)."""
+    """The other brokers run the v5 transport (native); paho's 3.1.1 runs on mosquitto (brokers.py)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
-        broker = callspec.params.get("broker", brokers.MOSQUITTO) if callspec else brokers.MOSQUITTO
-        if broker == brokers.MOSQUITTO:
+        if callspec is None or callspec.params.get("broker", brokers.MOSQUITTO) == brokers.MOSQUITTO:
             continue
-        marker = item.get_closest_marker("brokers")
-        over_paho = [brokers.LACKS_OVER_PAHO.get(broker, {}).get(f) for f in (marker.args if marker else ())]
-        over_paho = [reason for reason in over_paho if reason]
-        paho = callspec.params.get("transport", "paho") == "paho"
-        if paho and over_paho:
-            item.add_marker(pytest.mark.skip(reason=f"{broker} over paho: {over_paho[0]}"))
-        elif not paho and not over_paho:
-            item.add_marker(pytest.mark.skip(reason="other brokers run over the default transport (paho) only"))
+        if callspec.params.get("transport") == PAHO:
+            item.add_marker(pytest.mark.skip(reason=brokers.PAHO_ON_MOSQUITTO))
 
 
 @pytest.fixture
@@ -306,13 +301,16 @@ def wait_unique_ids(client: Client, topic: str, n: int) -> list[dict]:
 def write_config(tmp_path: Path, base: Path = ROOT / "config.yaml", transport: Optional[str] = None,
                  **overrides) -> Path:
     """A copy of a config with absolute model paths, a private cache, client id `edge-inferd`
-    (unless the base config names one), `mqtt.transport` when given, and overrides per section."""
+    (unless the base config names one), `mqtt.transport` when given (paho with MQTT 3.1.1: one transport
+    per protocol), and overrides per section."""
     raw = absolute_paths(yaml.safe_load(base.read_text()), base.parent)
     raw["cache"] = {**(raw.get("cache") or {}), "dir": str(tmp_path / "cache")}
     # The tests wait on edge-inferd/edge-inferd/status: pin the id (the default is edge-inferd-<hostname>).
     raw["mqtt"] = {"client_id": "edge-inferd", **(raw.get("mqtt") or {})}
     if transport is not None:
         raw["mqtt"]["transport"] = transport
+        if transport == PAHO:
+            raw["mqtt"]["protocol"] = "3.1.1"
     for section, values in overrides.items():
         raw[section] = {**(raw.get(section) or {}), **values} if isinstance(values, dict) else values
     path = tmp_path / "config.yaml"

@@ -87,10 +87,11 @@ def test_a_backlog_of_1000_queued_while_the_daemon_is_stopped_drains_with_a_resu
 
 
 @pytest.mark.brokers("retain_as_published")
-def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon, transport):
+def test_retained_messages_and_retained_clears_are_not_answered(tmp_path, broker, client, start_daemon):
+    # MQTT v5 only (Retain As Published): over 3.1.1 a live retained clear reaches a subscriber as a plain message.
     payload = activity_payloads(1)[0]
     client.c.publish("sensors/r1/imu", payload, qos=1, retain=True).wait_for_publish(60)  # before the daemon
-    start_daemon(write_config(tmp_path, transport=transport, workers={"max": 1}), wait_online=client)
+    start_daemon(write_config(tmp_path, workers={"max": 1}), wait_online=client)
     client.subscribe("results/r1/activity")
     client.c.publish("sensors/r1/imu", b"", qos=1, retain=True).wait_for_publish(60)  # clears the retained one
     client.publish("sensors/r1/imu", payload.replace(b'"id": 0', b'"id": "live"'))

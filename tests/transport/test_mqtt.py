@@ -75,8 +75,8 @@ def test_a_read_burst_reaches_intake_in_one_call_in_order():
     for mid in (1, 2, 3):
         link._on_message(link._client, None, _message(mid))
     assert bursts == []  # held until the burst ends
-    link._client.on_read_burst_end()
-    link._client.on_read_burst_end()  # an empty burst is not handed on
+    link._hand_on_burst()
+    link._hand_on_burst()  # an empty burst is not handed on
     assert bursts == [[1, 2, 3]]
 
 
@@ -85,7 +85,7 @@ def test_a_long_burst_is_handed_on_in_parts_of_max_burst():
     link = _link(lambda burst: sizes.append(len(burst)))
     for mid in range(1, 2 * mqtt.MAX_BURST + 2):
         link._on_message(link._client, None, _message(mid))
-    link._client.on_read_burst_end()
+    link._hand_on_burst()
     assert sizes == [mqtt.MAX_BURST, mqtt.MAX_BURST, 1]
 
 
@@ -99,9 +99,9 @@ def test_a_handler_that_raises_costs_only_its_burst(caplog):
 
     link = _link(handler)
     link._on_message(link._client, None, _message(1))
-    link._client.on_read_burst_end()  # raises inside: logged, the loop thread goes on
+    link._hand_on_burst()  # raises inside: logged, the loop thread goes on
     link._on_message(link._client, None, _message(2))
-    link._client.on_read_burst_end()
+    link._hand_on_burst()
     assert bursts == [[1], [2]]
     assert "failed to hand on 1 message" in caplog.text
 
@@ -114,5 +114,5 @@ def test_after_close_intake_a_burst_stays_unacked_and_retained_messages_are_not_
     link._on_message(link._client, None, _message(1, retain=True))
     link._on_message(link._client, None, _message(2))
     link.close_intake()
-    link._client.on_read_burst_end()
+    link._hand_on_burst()
     assert bursts == [] and acked == [1]

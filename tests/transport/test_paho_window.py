@@ -1,20 +1,24 @@
-"""paho_client keeps to the broker's ReceiveMaximum: at most that many QoS 1 publishes in flight.
+"""The paho link keeps to the broker's ReceiveMaximum: at most that many QoS 1 publishes in flight.
 
 A real mosquitto announcing a ReceiveMaximum of 3 (`max_inflight_messages 3`), the daemon's paho
-client with its own window of 50: paho 2.x ignores the CONNACK's property, `fit_window` applies it.
+link over MQTT v5 (the fallback where the native transport's package is missing) with its own window
+of 50: paho 2.x reads the CONNACK's property and ignores it; the link applies it at each CONNACK.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
+from daemon.config.loader import load_config
 from daemon.tools.broker import Broker
-from daemon.transport import paho_client
+from daemon.transport.inbound import Inbound
+from daemon.transport.mqtt import MqttLink
 
+ROOT = Path(__file__).resolve().parents[2]
 RECEIVE_MAXIMUM = 3
 N = 60
 
@@ -25,46 +29,24 @@ def small_window_broker(tmp_path):
         yield broker
 
 
-def _client(broker: Broker, fit: bool) -> tuple[paho_client.Client, threading.Event, list, threading.Event]:
-    client = paho_client.Client(CallbackAPIVersion.VERSION2, client_id="window", protocol=paho.MQTTv5)
-    client.max_inflight_messages_set(50)
-    connected, acked, all_acked = threading.Event(), [], threading.Event()
-
-    def on_connect(c, userdata, flags, reason, properties):
-        if fit:
-            c.fit_window(properties.ReceiveMaximum)
-        connected.set()
-
-    client.on_connect = on_connect
-
-    def on_publish(c, userdata, mid, reason, properties):
-        acked.append(reason)
-        if len(acked) >= N:
-            all_acked.set()
-
-    client.on_publish = on_publish
-    host, port = broker.address.rsplit(":", 1)
-    client.connect(host, int(port))
-    return client, connected, acked, all_acked
-
-
-@pytest.mark.parametrize("fit", [True, False])
-def test_publishes_in_flight_never_exceed_the_brokers_receive_maximum(small_window_broker, fit):
-    client, connected, acked, all_acked = _client(small_window_broker, fit)
-    client.loop_start()
+def test_replies_in_flight_never_exceed_the_brokers_receive_maximum(small_window_broker, tmp_path):
+    host, port = small_window_broker.address.rsplit(":", 1)
+    config = dataclasses.replace(load_config(ROOT / "config.yaml", check_models=False).mqtt, broker=f"{host}:{port}",
+                                 transport="paho", session_expiry_s=0, client_id="window")
+    link = MqttLink(config, [], lambda burst: None, receive_maximum=50)
+    confirmed = threading.Event()
+    done = []
+    link.ack = lambda request: (done.append(request.mid), len(done) >= N and confirmed.set())
+    link.start()
     try:
-        assert connected.wait(10)
+        assert link.connected.wait(10)
         peak = 0
         for i in range(N):
-            client.publish("window/t", b"%d" % i, qos=1)
-            with client._out_message_mutex:
-                peak = max(peak, client._inflight_messages)
-        assert all_acked.wait(10), len(acked)
+            link.reply("window/t", b"%d" % i, Inbound("requests/t", b"", 1, i, 0.0))
+            with link._client._out_message_mutex:
+                peak = max(peak, link._client._inflight_messages)
+        assert confirmed.wait(10), len(done)
     finally:
-        client.loop_stop()
-        client.disconnect()
-    assert len(acked) == N and all(not reason.is_failure for reason in acked)  # every publish confirmed
-    if fit:
-        assert peak <= RECEIVE_MAXIMUM
-    else:  # paho alone: its own window, past the broker's (what fit_window is for)
-        assert peak > RECEIVE_MAXIMUM
+        link.stop(1)
+    assert sorted(done) == list(range(N))  # every reply confirmed, its request acked
+    assert 1 <= peak <= RECEIVE_MAXIMUM
