@@ -5,10 +5,10 @@ reply queued -> reply written to the socket, per request, as percentiles.
     .venv/bin/python tools/dev/trace_latency.py [--route gunpoint] [--duration 5]
 
 Runs `edge-inferd bench e2e --only openloop1000` (1,000 distinct requests/s, the config as
-written), with the daemon's child process timing four points with `time.perf_counter_ns`
-(a `sitecustomize` put on its PYTHONPATH wraps them; nothing in the daemon changes):
-`MqttLink._on_message` (read, paho's thread), `WorkerPool.take` (the batch taken),
-`MqttLink.reply` (the reply queued) and paho's `_sock_send` of a write holding PUBLISH packets
+written: the v5 link, native), with the daemon's child process timing four points with
+`time.perf_counter_ns` (a `sitecustomize` put on its PYTHONPATH wraps them; nothing in the daemon
+changes): `NativeLink._convert` (read, the network thread), `WorkerPool.take` (the batch taken),
+`NativeLink.reply` (the reply queued) and `Connection.send` of a write holding PUBLISH packets
 (written; a joined write holds several). At 1,000/s the requests come one at a time, so the
 i-th of each point is the i-th request's; a reply's write is the first such write after it.
 The last 5,000 requests are reported.
@@ -32,9 +32,9 @@ TRACER = '''
 import atexit, json, os, sys, time
 from pathlib import Path
 if "run" in sys.argv and os.environ.get("TRACE_LATENCY_OUT"):
-    import paho.mqtt.client as paho
     from daemon.serve.workers import WorkerPool
-    from daemon.transport.mqtt import MqttLink
+    from daemon.transport.native import NativeLink
+    from daemon.transport.native_conn import Connection
     ns, points = time.perf_counter_ns, {"read": [], "take": [], "reply": [], "write": [], "published": []}
 
     def before(cls, name, key):
@@ -64,17 +64,20 @@ if "run" in sys.argv and os.environ.get("TRACE_LATENCY_OUT"):
             pos += length
         return found
 
-    def send(self, buf, real=paho.Client._sock_send):
-        sent = real(self, buf)
-        found = publishes(bytes(buf[:sent]))
+    def send(self, data, real=Connection.send):
+        found = publishes(bytes(data))
         if found:
             points["write"].append(ns())
             points["published"].append(found)
-        return sent
+        return real(self, data)
 
-    before(MqttLink, "_on_message", "read")
-    before(MqttLink, "reply", "reply")
-    WorkerPool.take, paho.Client._sock_send = take, send
+    def convert(packet, real=NativeLink._convert):
+        points["read"].append(ns())
+        return real(packet)
+
+    before(NativeLink, "reply", "reply")
+    NativeLink._convert = staticmethod(convert)
+    WorkerPool.take, Connection.send = take, send
     atexit.register(lambda: Path(os.environ["TRACE_LATENCY_OUT"]).write_text(json.dumps(points)))
 '''
 
