@@ -117,9 +117,9 @@ def _grants(flags: object, properties: Optional[Properties]) -> Grants:
                   shared_subscriptions=bool(getattr(properties, "SharedSubscriptionAvailable", 1)))
 
 
-def _paho_client(config: MqttConfig, window: int) -> paho.Client:
-    """paho configured from `mqtt:`: protocol and session, login, TLS, the publish window, the LWT
-    and the reconnect delays (callbacks are the link's to set)."""
+def _paho_client(config: MqttConfig) -> paho.Client:
+    """paho configured from `mqtt:`: protocol and session, login, TLS, no window of its own, and the
+    LWT (callbacks are the link's to set)."""
     protocol = paho.MQTTv5 if config.is_v5 else paho.MQTTv311
     clean_session = None if config.is_v5 else not config.persistent
     client = paho.Client(CallbackAPIVersion.VERSION2, client_id=config.client_id, protocol=protocol,
@@ -133,8 +133,12 @@ def _paho_client(config: MqttConfig, window: int) -> paho.Client:
     # paho keeps 20 QoS 1 publishes in flight by default and queues the rest in memory: with
     # requests acked only after their reply's PUBACK, 20 replies per broker round trip capped
     # the daemon below its drain rate under sustained load (soak at 0.8x: 71,723 of 213,979
-    # unanswered in the minute, 10,832 replies queued; with the window below: 0 of 214,368).
-    client.max_inflight_messages_set(window)
+    # unanswered in the minute, 10,832 replies queued; with the request window: 0 of 214,368).
+    # With any limit set, paho walks every unacknowledged publish on each PUBACK to find a held
+    # one (`_update_inflight`: 72% of its thread's samples with 1,024 in flight); with none (0)
+    # it never walks. The window is kept by the link instead (paho_window.py), which also keeps
+    # to a v5 broker's ReceiveMaximum.
+    client.max_inflight_messages_set(0)
     client.will_set(config.status_topic, STATUS_OFFLINE, qos=_STATUS_QOS, retain=True)
     return client
 
@@ -174,7 +178,7 @@ class MqttLink(LinkCommon):
         self.connected = threading.Event()
         self._window_size = receive_maximum or REPLY_WINDOW
         self._window: Window[_Publish] = Window(self._send)
-        self._client = _paho_client(config, self._window_size)
+        self._client = _paho_client(config)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe

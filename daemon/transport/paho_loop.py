@@ -1,31 +1,34 @@
 """paho's network thread, run over paho's public external-loop calls instead of `loop_start()`.
 
-`loop_start()` runs `loop_forever`, which hides three things the daemon needs to see, so this
-thread calls paho's own `reconnect()`, `loop()`, `loop_write()` and `loop_misc()` itself:
+`loop_start()` runs `loop_forever`, which hides what the daemon needs to see and costs a system
+call per publish, so this thread selects on paho's socket itself and calls paho's own
+`reconnect()`, `loop_read()`, `loop_write()` and `loop_misc()` (paho's "external event loop"):
 - **Why a connect failed.** `loop_forever` swallows the OSError of each failed attempt (the
   daemon names it: refused, DNS, TLS; link_health.py); here `reconnect()` raises it to us.
-- **Where a read burst ends.** Each `loop()` pass reads what the socket holds (paho's
-  `loop_read` takes as many packets as it has messages in flight); `after_pass` then hands
-  that pass's requests to intake in one call.
+- **Where a read burst ends.** Each `loop_read()` takes what the socket holds (as many packets
+  as paho has messages in flight); `after_pass` then hands that pass's requests to intake in
+  one call.
+- **One wake-up per batch of replies.** With its own loop thread (or `loop()`), paho writes a
+  byte to a socketpair for every packet another thread queues: a system call per reply and per
+  ack, and a wake-up of the network thread each. paho calls `on_socket_register_write` only
+  when its write queue goes from empty to not empty; that hook writes the one wake-up byte
+  here. It also keeps paho from writing on the publishing thread (which paho does when no
+  loop thread of its own runs: two threads writing one socket could interleave packets).
 - **Holding.** While `may_read()` is False (the daemon's byte budget is full: serve/admission.py)
-  no pass reads: replies and acks are still written (`loop_write`) and keepalive kept
-  (`loop_misc`), and a QoS 1 backlog waits at the broker instead of being answered
-  `overloaded`. A pass reads whatever the socket holds (paho ignores `loop_read`'s
-  `max_packets`), so the link also holds inside a pass, before handing on a message that
-  finds the budget full (`hold`): writing, not reading, as paho itself writes from inside a
-  read when a CONNACK comes. A hold lasts at most half the keepalive, then reading goes on
-  (a PINGRESP unread for a whole keepalive would drop the connection; what is read past the
-  budget then is admission's to shed, with a reply each).
-
-paho writes a publish made on another thread itself, on that thread, when no loop thread of its
-own runs (`_packet_queue`); two threads writing one socket could interleave packets, so the
-`on_socket_register_write` hook is set (to nothing) and paho wakes this thread through its
-socketpair instead, which `loop()` watches.
+  the socket is not read: replies and acks are still written and keepalive kept, and a QoS 1
+  backlog waits at the broker instead of being answered `overloaded`. A read takes whatever
+  the socket holds (paho ignores `loop_read`'s `max_packets`), so the link also holds inside
+  a read, before handing on a message that finds the budget full (`hold`): writing, not
+  reading, as paho itself writes from inside a read when a CONNACK comes. A hold lasts at most
+  half the keepalive, then reading goes on (a PINGRESP unread for a whole keepalive would drop
+  the connection; what is read past the budget then is admission's to shed, a reply each).
 """
 
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import threading
 import time
 from typing import Callable
@@ -35,14 +38,11 @@ from paho.mqtt.enums import MQTTErrorCode
 
 logger = logging.getLogger(__name__)
 
-# How long one loop() pass waits for the socket (a publish from a worker wakes it at once).
+# How long one select() waits at most: paho's keepalive is checked at least this often.
 PASS_TIMEOUT_S = 1.0
 # While reading is held, how often the budget is asked again.
 HELD_POLL_S = 0.005
-
-
-def _not_here(client: paho.Client, userdata: object, sock: object) -> None:
-    """paho's register-write hook: nothing to do; its presence keeps paho from writing on a worker."""
+_OK = MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
 class PahoLoop:
@@ -59,11 +59,21 @@ class PahoLoop:
         self._retry_s = retry_s
         self._hold_max_s = keepalive_s / 2
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        for end in (self._wake_r, self._wake_w):
+            end.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="paho-loop", daemon=True)
-        client.on_socket_register_write = _not_here
+        client.on_socket_register_write = self._wake
+
+    def _wake(self, client: paho.Client, userdata: object, sock: object) -> None:
+        """paho queued a packet on an empty write queue (on any thread): the network thread writes it."""
+        try:
+            self._wake_w.send(b"w")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is pending already, or the loop is closing
 
     def hold(self) -> None:
-        """On the network thread, inside a pass: while reading may not go on, write what is queued."""
+        """On the network thread, inside a read: while reading may not go on, write what is queued."""
         start = time.monotonic()
         while not self._may_read() and time.monotonic() - start < self._hold_max_s and not self._stop.is_set():
             self._client.loop_write()
@@ -79,19 +89,24 @@ class PahoLoop:
     def stop(self, timeout_s: float) -> None:
         """Ends the thread once what is queued is written (a DISCONNECT closes the socket)."""
         self._stop.set()
+        self._wake(self._client, None, None)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._connect():
-                continue
-            try:
-                self._serve()
-            except Exception:  # the network thread must survive anything a pass does
-                logger.exception("MQTT network loop failed; reconnecting")
-            if not self._stop.is_set():
-                self._stop.wait(self._retry_s())
+        try:
+            while not self._stop.is_set():
+                if not self._connect():
+                    continue
+                try:
+                    self._serve()
+                except Exception:  # the network thread must survive anything a pass does
+                    logger.exception("MQTT network loop failed; reconnecting")
+                if not self._stop.is_set():
+                    self._stop.wait(self._retry_s())
+        finally:
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _connect(self) -> bool:
         try:
@@ -104,16 +119,30 @@ class PahoLoop:
 
     def _serve(self) -> None:
         """Passes until the connection drops, or until stopped with nothing left to write."""
-        rc = MQTTErrorCode.MQTT_ERR_SUCCESS
-        read_at = time.monotonic()
-        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-            if self._stop.is_set() and not self._client.want_write():
+        rc, read_at = _OK, time.monotonic()
+        while rc == _OK:
+            sock = self._client.socket()
+            if sock is None or (self._stop.is_set() and not self._client.want_write()):
                 return
-            if not self._may_read() and time.monotonic() - read_at < self._hold_max_s:
+            reading = self._may_read() or time.monotonic() - read_at >= self._hold_max_s
+            pending = reading and getattr(sock, "pending", lambda: 0)()  # TLS bytes select() cannot see
+            readable, _, _ = select.select([sock, self._wake_r] if reading else [self._wake_r],
+                                           [sock] if self._client.want_write() else [], [],
+                                           0 if pending else PASS_TIMEOUT_S if reading else HELD_POLL_S)
+            if self._wake_r in readable:
+                self._drain_wake()
+            if reading and (pending or sock in readable):
+                rc = self._client.loop_read()
+                read_at = time.monotonic()
+                self._after_pass()
+            if rc == _OK and self._client.want_write():
                 rc = self._client.loop_write()
-                self._client.loop_misc()
-                self._stop.wait(HELD_POLL_S)
-                continue
-            rc = self._client.loop(PASS_TIMEOUT_S)
-            read_at = time.monotonic()
-            self._after_pass()
+            if rc == _OK:
+                rc = self._client.loop_misc()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass

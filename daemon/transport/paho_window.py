@@ -8,7 +8,7 @@ it itself: a reply (or a flushed outbox row) is handed to paho only while fewer 
 wait for their PUBACK; the rest wait here, oldest first, and each PUBACK hands on the next. The
 few publishes that are not replies (status, stats, escalations) are not counted: the retained
 `offline` must go out at stop whatever waits. MQTT 3.1.1 has no ReceiveMaximum: the limit is the
-daemon's own window.
+daemon's own window. paho itself is given no window (mqtt.py says why).
 """
 
 from __future__ import annotations
