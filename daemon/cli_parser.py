@@ -26,7 +26,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 CLAIM_METRICS = ("accuracy", "roc_auc", "mae")
 # bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default) and its --also
 # consumers (daemon/tools/bench/e2e.py ALSO); written here so `edge-inferd -h` does not import the bench.
-BENCH_ALSO = ("echo-v5", "naive-v5", "daemon-paho", "daemon-native")
+BENCH_ALSO = ("echo-v5", "naive-v5", "daemon-paho", "daemon-paho-v5", "daemon-native")
 ALL_BENCH_PHASES = ("drain", "openloop", "cache", "batching", "burst30k", "overload", "openloop1000", "cachepair")
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter  # keeps the examples' line breaks

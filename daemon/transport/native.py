@@ -282,7 +282,7 @@ class NativeLink(LinkCommon):
     def _serve(self, conn: Connection) -> None:
         while not self._stop.is_set():
             self._send_out(conn)
-            readable, woken = conn.wait(self._may_read())
+            readable, woken = conn.wait(self._may_read(), self._held.due())
             if woken:
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:
@@ -379,6 +379,8 @@ class NativeLink(LinkCommon):
                     ours.append(mid)
                 for next_mid, out in admitted:
                     self._sent(next_mid, out)
+        if ours:
+            self._held.heard()
         for mid in ours:
             self._safe.completed(mid)
 

@@ -63,14 +63,14 @@ class Connection:
         self.last_in = self.last_out = clock()
         self._ping_at: Optional[float] = None
 
-    def wait(self, reads: bool = True) -> tuple[bool, bool]:
+    def wait(self, reads: bool = True, until: Optional[float] = None) -> tuple[bool, bool]:
         """Until the socket is readable (when `reads`, or a PINGREQ is unanswered), writable (when
-        bytes wait), woken, or keepalive is due: (readable, woken)."""
+        bytes wait), woken, keepalive is due, or the clock reaches `until`: (readable, woken)."""
         reads = reads or self._ping_at is not None
         if reads != self._reading:
             self._reading = reads
             self._watch()
-        timeout = max(0.0, self._next_check() - self._clock())
+        timeout = max(0.0, min(self._next_check(), until if until is not None else float("inf")) - self._clock())
         if not reads:
             timeout = min(timeout, HELD_POLL_S)
         readable = woken = False

@@ -6,11 +6,12 @@ client's ReceiveMaximum, and while those 100 are unacked it confirms none of tha
 publishes (tools/dev/probe_rumqttd.py full_window). With a backlog at the broker the daemon
 answers its 100, their replies wait for PUBACKs that wait for the acks: nothing moves again.
 
-That state is recognised without a timer. When at least `window` requests wait unacked on
-this connection (ack_order.py) and every one of them is answered (its reply handed to the link,
-or PUBACKed and waiting for its turn), nothing the daemon does can free them; only the broker
-could, and a broker whose window to us is full may not. `window` is the smaller of our
-ReceiveMaximum and `mqtt.outbox.broker_window` (100: rumqttd's). Then, on the network thread:
+That state is recognised when at least `window` requests wait unacked on this connection
+(ack_order.py), every one of them is answered (its reply handed to the link, or PUBACKed and
+waiting for its turn), and no PUBACK has come for QUIET_S since it was first seen: nothing the
+daemon does can free them; only the broker could, and a broker whose window to us is full does
+not, and confirms nothing meanwhile. `window` is the smaller of our ReceiveMaximum and
+`mqtt.outbox.broker_window` (100: rumqttd's). Then, on the network thread:
 
 1. the replies still waiting for their PUBACK are written to the on-disk outbox (outbox.py) in
    one transaction, all or none;
@@ -21,9 +22,12 @@ ReceiveMaximum and `mqtt.outbox.broker_window` (100: rumqttd's). Then, on the ne
 
 So a request is acked only once its reply is PUBACKed or on disk. A crash after the ack and
 before the PUBACK leaves the row, and the next run sends it again: a duplicate, never a loss.
-While any waiting request is still being worked on the check is false, so a broker that
-confirms replies within a round trip (mosquitto) rarely meets it; without an outbox
-(`mqtt.outbox.max_mb: 0`), or with one too full for the lot, the link waits as before.
+While any waiting request is still being worked on the check is false; a broker that
+confirms replies within a round trip (mosquitto) meets the rest of it often under a backlog
+(100 answered, their PUBACKs a round trip away), which is why the quiet time: without it, a
+gunpoint drain on mosquitto wrote replies to the outbox it never needed, 11% of the daemon's
+CPU (py-spy). Without an outbox (`mqtt.outbox.max_mb: 0`), or with one too full for the lot,
+the link waits as before.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from typing import Callable, Optional
 
 from daemon.obs.throttled_log import ThrottledLog
@@ -41,6 +46,9 @@ from daemon.transport.outbox import Outbox, OutboxFlusher
 from daemon.transport.puback import AwaitingPuback
 
 logger = logging.getLogger(__name__)
+# How long the held state must last with no PUBACK heard before the disk is trusted instead: well
+# above a loopback or LAN round trip, and a delay a held broker only pays once per window of 100.
+QUIET_S = 0.02
 
 
 class SafeAck:
@@ -48,7 +56,8 @@ class SafeAck:
 
     def __init__(self, window: int, order: AckOrder, lock: threading.Lock, publishes: PublishWindow,
                  awaiting: AwaitingPuback, outbox: Optional[Outbox], flusher: Optional[OutboxFlusher],
-                 ack: Callable[[Inbound], None]):
+                 ack: Callable[[Inbound], None], quiet_s: float = QUIET_S,
+                 clock: Callable[[], float] = time.monotonic):
         """`lock` guards `publishes` (the link's lock); `ack` acks one request (held for its turn)."""
         self.window = window
         self._order = order
@@ -59,13 +68,31 @@ class SafeAck:
         self._flusher = flusher
         self._ack = ack
         self._log = ThrottledLog(logger)
+        self._quiet_s = quiet_s
+        self._clock = clock
+        self._since: Optional[float] = None  # when the held state was first seen with no PUBACK since
         self.acks = 0  # requests acked once their replies were on disk, not PUBACKed
         self.flushes = 0  # times the held window was relieved
+
+    def heard(self) -> None:
+        """A PUBACK came (the network thread): the broker is confirming, the window is not held."""
+        self._since = None
+
+    def due(self) -> Optional[float]:
+        """When the next check may relieve a window (the network thread's wait ends then), or None."""
+        return None if self._since is None else self._since + self._quiet_s
 
     def check(self) -> None:
         """The network thread, once per pass: relieve a held window (it alone takes PUBACKs, so
         nothing leaves the publish window meanwhile)."""
-        if self._outbox is not None and self.window > 0 and self._order.all_answered(self.window):
+        if self._outbox is None or self.window <= 0 or not self._order.all_answered(self.window):
+            self._since = None
+            return
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self._quiet_s:
+            self._since = None
             self._relieve()
 
     def _relieve(self) -> None:

@@ -18,7 +18,7 @@ WINDOW = 3
 class Link:
     """The parts of the native link SafeAck works with, wired as native.py wires them."""
 
-    def __init__(self, tmp_path, max_bytes: int = 1 << 20, window: int = WINDOW):
+    def __init__(self, tmp_path, max_bytes: int = 1 << 20, window: int = WINDOW, quiet_s: float = 0.0):
         self.sent: list[int] = []  # mids of the requests acked, in order
         self.order = AckOrder(lambda turn: self.sent.extend(i.mid for i in turn))
         self.done: list[object] = []
@@ -27,8 +27,9 @@ class Link:
         self.publishes = PublishWindow(2)  # a reply queued behind the window is moved too
         self.outbox = Outbox(tmp_path / "outbox", max_bytes)
         self.flusher = OutboxFlusher(self.outbox, lambda row: None, threading.Event())  # not started
+        self.now = 0.0
         self.safe = SafeAck(window, self.order, self.lock, self.publishes, self.awaiting, self.outbox,
-                            self.flusher, self.order.ack)
+                            self.flusher, self.order.ack, quiet_s=quiet_s, clock=lambda: self.now)
 
     def _published(self, owner: object) -> None:
         self.done.append(owner)
@@ -131,3 +132,21 @@ def test_the_flusher_never_hands_a_row_the_link_already_holds(tmp_path):
     finally:
         flusher.stop()
     assert [r.topic for r in handed] == ["out/away"]
+
+
+def test_a_window_is_relieved_only_once_no_puback_came_for_the_quiet_time(tmp_path):
+    link = Link(tmp_path, quiet_s=0.02)
+    requests = link.receive(WINDOW)
+    for inbound in requests:
+        link.reply(inbound)
+    link.safe.check()
+    assert link.sent == [] and link.safe.due() == 0.02  # seen now; the wait ends then
+    link.now = 0.015
+    link.safe.heard()  # a PUBACK (a broker that confirms, as mosquitto does): the clock starts again
+    link.safe.check()
+    link.now = 0.03
+    link.safe.check()
+    assert link.sent == [] and link.outbox.rows == 0
+    link.now = 0.036
+    link.safe.check()  # 0.021 s with none heard: held
+    assert link.sent == [100, 101, 102] and link.safe.due() is None

@@ -43,11 +43,14 @@ CACHE_ON = {**BATCH_ON, "cache": {"enabled": True}}
 CONSUMERS = (Consumer("daemon-b1", "daemon", BATCH_OFF), Consumer("daemon-b32", "daemon", BATCH_ON), DEFAULT,
              Consumer("naive", "naive"), Consumer("echo", "echo"))
 # --also NAME: measured after CONSUMERS in the drain and openloop phases. The v5 baselines run the
-# daemon's own settings (MQTT v5, TCP_NODELAY); daemon-paho / daemon-native: the config as written
-# on that `mqtt.transport`.
+# daemon's own settings (MQTT v5, TCP_NODELAY); daemon-native: the config as written on the v5
+# transport; daemon-paho: on the 3.1.1 one (paho, MQTT 3.1.1); daemon-paho-v5: paho on v5, the
+# fallback where the mqtt5 package is missing.
 V5 = ("--protocol", "5")
 ALSO = {c.name: c for c in (Consumer("echo-v5", "echo", args=V5), Consumer("naive-v5", "naive", args=V5),
-                            Consumer("daemon-paho", "daemon", {"mqtt": {"transport": "paho"}}, session=True),
+                            Consumer("daemon-paho", "daemon", {"mqtt": {"transport": "paho", "protocol": "3.1.1"}},
+                                     session=True),
+                            Consumer("daemon-paho-v5", "daemon", {"mqtt": {"transport": "paho"}}, session=True),
                             Consumer("daemon-native", "daemon", {"mqtt": {"transport": "native"}}, session=True))}
 WAIT_500_CONSUMER = Consumer("daemon-b32-wait500", "daemon", WAIT_500)
 CACHE_CONSUMER = Consumer("daemon-b32-cache", "daemon", CACHE_ON)

@@ -48,7 +48,7 @@ class Plan:
     burst: int = BURST_REQUESTS  # requests of the burst30k phase
     consumer_cpus: tuple[int, ...] = ()  # the consumers' CPUs; the bench and broker get the rest (cpus.py)
     consumer_cpu_share: Optional[float] = None  # the consumers capped at this share of one CPU
-    also: tuple[str, ...] = ()  # more consumers (e2e.ALSO: echo-v5, naive-v5, daemon-paho, daemon-native)
+    also: tuple[str, ...] = ()  # more consumers (e2e.ALSO: echo-v5, naive-v5, daemon-paho, daemon-paho-v5, daemon-native)
     transport: Optional[str] = None  # every daemon's mqtt.transport, when set (else the config's)
 
     @classmethod
