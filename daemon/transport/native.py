@@ -1,4 +1,4 @@
-"""The native MQTT link (`mqtt.transport: native`, on trial): mqtt.py's MqttLink on a compiled codec.
+"""The MQTT v5 link (what `mqtt.transport: auto` picks for v5): mqtt.py's MqttLink on a compiled codec.
 
 Same constructor, same public interface and the same delivery rules as the paho link
 (daemon/transport/mqtt.py's module doc lists them; each holds here too): a persistent
@@ -20,7 +20,7 @@ one; native_wake.py); the network thread's own writes wake nothing.
 One delivery rule is the native link's own: where the broker holds its window to us full
 (rumqttd 0.20 confirms none of our publishes while 100 messages to us are unacked), a request
 is acked once its reply is on disk in the outbox instead of once it is PUBACKed; the row goes
-on the PUBACK, and a restart sends it again (safe_ack.py says when, and why no timer).
+on the PUBACK, and a restart sends it again (safe_ack.py says when).
 
 MQTT v5 only, QoS 0 or 1 (config check refuses the rest, naming `mqtt.transport`).
 """
