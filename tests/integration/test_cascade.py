@@ -69,7 +69,9 @@ def test_far_tier_killed_mid_stream_every_request_answered_once_in_time(tmp_path
     assert all(by_id[i]["tier"] == "local" for i in range(KILL_AT, N))
     # No reply waits past the request's own deadline, nor past timeout_ms after the far tier went.
     late = {i: client.arrived[i][0] - max(sent[i], killed_at) for i in range(N)}
-    assert max(late.values()) <= TIMEOUT_MS / 1000 + SLACK_S, late
+    too_late = {i: (round(s, 3), by_id[i]["tier"], by_id[i].get("escalation"))
+                for i, s in late.items() if s > TIMEOUT_MS / 1000 + SLACK_S}
+    assert not too_late, f"replies later than timeout_ms + {SLACK_S} s (id: s, tier, escalation): {too_late}"
 
 
 def test_bundled_appliance_cascade_answers_the_unsure_with_the_large_model(tmp_path, broker, start_daemon):
