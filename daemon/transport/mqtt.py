@@ -34,15 +34,15 @@ paho quirks that shape this module:
   (outbox.py), not into paho's memory; paho resends only what it was handed before the
   connection dropped, and `stop()` moves what it still holds unconfirmed (`drop_out_messages`)
   to the outbox. The flusher hands stored rows to paho once connected, each only once.
-- paho's own window of QoS 1 publishes in flight (20 by default) is raised to the
-  request window (ReceiveMaximum): a reply per request in flight, not 20 per round trip;
-  and lowered to a v5 broker's own ReceiveMaximum at each CONNACK, which paho 2.x reads
-  but does not keep to (MQTT 5, 4.9.0).
+- paho is given no window of QoS 1 publishes in flight (its default is 20; `_paho_client`
+  says why none): the link keeps the request window (ReceiveMaximum), a reply per request
+  in flight, and a v5 broker's own ReceiveMaximum from each CONNACK, which paho 2.x reads
+  but does not keep to (MQTT 5, 4.9.0; paho_window.py).
 - Retained messages are not requests: v5 subscribes with Retain Handling 2 (none sent
   on subscribe) and Retain As Published, and any message with the retain flag (a
   retained delivery, or an empty retained clear) is acked and dropped; but for the fleet's
   desired documents (`edge-inferd/fleet/...`), which are retained on purpose and sent on subscribe.
-- Intake gets the requests of one read burst (all that one `loop()` pass decoded,
+- Intake gets the requests of one read burst (all that one `loop_read()` decoded,
   at most MAX_BURST or MAX_BURST_BYTES) in one call, in order, at the pass's end
   (paho_loop.py): one hand-off per burst, not per message.
 """
@@ -83,7 +83,7 @@ _STATUS_QOS = 1
 REPLY_WINDOW = 1024
 # Requests handed to intake in one call at most: a long burst is handed on in parts, so the
 # first of its requests waits for at most this many to be decoded (~1 ms), not the whole burst
-# (with read-ahead, a backlog reads as one burst for as long as bytes keep coming).
+# (a backlog reads as one burst for as long as bytes keep coming).
 MAX_BURST = 64
 # ... or of at most about these many payload bytes: admission sees a filling budget within a read
 # burst, and reading holds (paho_loop.py) before the next pass takes in more.
