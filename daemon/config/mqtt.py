@@ -120,7 +120,7 @@ class MqttConfig:
     on every workload measured, docs/performance.md) and `paho` (paho-mqtt as shipped) for 3.1.1 and
     QoS 2, or where the mqtt5 package is missing (Python 3.10). `native` or `paho` by name forces one:
     native needs protocol 5 and qos 0 or 1; paho speaks v5 too, but the delivery tests run v5 over
-    native only. Resolved when the config is read: stats and logs show `native` or `paho`."""
+    native only. Resolved when the config is read; the start-up log names the one in use."""
     host: str = field(init=False, default="", metadata={"doc": False})
     port: int = field(init=False, default=0, metadata={"doc": False})
     tls_implied: bool = field(init=False, default=False, metadata={"doc": False})

@@ -198,7 +198,7 @@ class MqttLink(LinkCommon):
 
     def start(self) -> None:
         """Connect in the background; retries with capped backoff while the broker is down."""
-        logger.info("connecting to %s as %r (MQTT %s)", self._config.url, self._config.client_id,
+        logger.info("connecting to %s as %r (MQTT %s, paho transport)", self._config.url, self._config.client_id,
                     "v5" if self._config.is_v5 else "3.1.1")
         options: dict = {}
         if self._config.is_v5:
