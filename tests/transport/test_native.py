@@ -280,6 +280,14 @@ def test_transport_auto_is_native_where_native_can_serve_else_paho(tmp_path, cha
     assert load(write_config(tmp_path, transport="auto", mqtt=change), check_models=False).mqtt.transport == chosen
 
 
+def test_the_default_is_one_transport_per_protocol():
+    """No `mqtt.transport` written (the bundled config says `auto`; a config without the key, and
+    MqttConfig built in code, alike): native on MQTT v5, paho on 3.1.1."""
+    assert load_config(ROOT / "config.yaml", check_models=False).mqtt.transport == "native"
+    assert MqttConfig().transport == "native"
+    assert MqttConfig(protocol=311).transport == "paho"
+
+
 def test_transport_auto_is_paho_without_the_mqtt5_package(tmp_path, monkeypatch):
     import importlib.util
 
