@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from daemon.config.mqtt import MqttConfig
 from daemon.obs.throttled_log import ThrottledLog
@@ -24,6 +24,18 @@ STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 # A stored reply: topic, payload, CorrelationData.
 StoredReply = tuple[str, bytes, Optional[bytes]]
+
+
+class Out(NamedTuple):
+    """One publish as a link keeps it until the broker has it (native re-encodes it to resend; paho
+    holds it back while the broker's window is full: paho_window.py)."""
+
+    topic: str
+    payload: bytes
+    retain: bool
+    correlation_data: Optional[bytes]
+    response_topic: Optional[str]
+    owner: Optional[object]  # what waits for its PUBACK (daemon/transport/puback.py), or None
 
 
 class LinkCommon:

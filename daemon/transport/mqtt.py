@@ -54,7 +54,7 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -66,7 +66,7 @@ from daemon.config.mqtt import MqttConfig, wants_retained
 from daemon.transport.ack_order import AckOrder
 from daemon.transport.broker_grants import NO_RECEIVE_LIMIT, GrantLog, Grants
 from daemon.transport.inbound import Inbound
-from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, StoredReply
+from daemon.transport.link_common import STATUS_OFFLINE, LinkCommon, Out, StoredReply
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
@@ -147,14 +147,6 @@ def _path(value: Optional[object]) -> Optional[str]:
     return None if value is None else str(value)
 
 
-class _Publish(NamedTuple):
-    topic: str
-    payload: bytes
-    retain: bool
-    properties: Optional[Properties]
-    owner: Optional[object]  # the request a reply answers, an outbox row, or None
-
-
 class MqttLink(LinkCommon):
     """One paho client: status, intake of the given filters, replies and acks."""
 
@@ -177,7 +169,7 @@ class MqttLink(LinkCommon):
         self._subscribing = threading.Event()
         self.connected = threading.Event()
         self._window_size = receive_maximum or REPLY_WINDOW
-        self._window: Window[_Publish] = Window(self._send)
+        self._window: Window[Out] = Window(self._send)
         self._client = _paho_client(config)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
@@ -336,25 +328,25 @@ class MqttLink(LinkCommon):
                  owner: Optional[object], response_topic: Optional[str] = None) -> Optional[paho.MQTTMessageInfo]:
         """A reply or outbox row (`owner`) waits its turn in the broker's window (paho_window.py);
         anything else goes at once. None: it waits."""
-        properties = None
-        if (correlation_data is not None or response_topic is not None) and self._config.is_v5:
-            properties = Properties(PacketTypes.PUBLISH)
-            if correlation_data is not None:
-                properties.CorrelationData = correlation_data
-            if response_topic is not None:
-                properties.ResponseTopic = response_topic
-        publish = _Publish(topic, payload, retain, properties, owner)
-        if owner is not None and self._config.qos > 0 and not self._window.offer(publish):
+        out = Out(topic, payload, retain, correlation_data, response_topic, owner)
+        if owner is not None and self._config.qos > 0 and not self._window.offer(out):
             return None
-        return self._send(publish)
+        return self._send(out)
 
-    def _send(self, publish: "_Publish") -> paho.MQTTMessageInfo:
-        info = self._client.publish(publish.topic, publish.payload, qos=self._config.qos, retain=publish.retain,
-                                    properties=publish.properties)
+    def _send(self, out: Out) -> paho.MQTTMessageInfo:
+        properties = None
+        if (out.correlation_data is not None or out.response_topic is not None) and self._config.is_v5:
+            properties = Properties(PacketTypes.PUBLISH)
+            if out.correlation_data is not None:
+                properties.CorrelationData = out.correlation_data
+            if out.response_topic is not None:
+                properties.ResponseTopic = out.response_topic
+        info = self._client.publish(out.topic, out.payload, qos=self._config.qos, retain=out.retain,
+                                    properties=properties)
         if self._config.qos > 0:
-            self._safe.register(info.mid, publish.owner)
-        elif publish.owner is not None:
-            self._published(publish.owner)  # QoS 0 replies are never acknowledged; nothing to wait for
+            self._safe.register(info.mid, out.owner)
+        elif out.owner is not None:
+            self._published(out.owner)  # QoS 0 replies are never acknowledged; nothing to wait for
         return info
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
@@ -404,6 +396,6 @@ class MqttLink(LinkCommon):
         """paho keeps only QoS 1 and 2 publishes, each registered with its owner: a reply's is its
         request; then the replies still waiting for the broker's window."""
         left = [m for m in self._client.drop_out_messages() if isinstance(self._safe.owner(m.mid), Inbound)]
-        rows = [(m.topic, m.payload, getattr(m.properties, "CorrelationData", None)) for m in left]
-        waiting = [p for p in self._window.take_waiting() if isinstance(p.owner, Inbound)]
-        return rows + [(p.topic, p.payload, getattr(p.properties, "CorrelationData", None)) for p in waiting]
+        waiting = [o for o in self._window.take_waiting() if isinstance(o.owner, Inbound)]
+        return ([(m.topic, m.payload, getattr(m.properties, "CorrelationData", None)) for m in left]
+                + [(o.topic, o.payload, o.correlation_data) for o in waiting])

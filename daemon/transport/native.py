@@ -42,12 +42,12 @@ from daemon.transport import native_wire as wire
 from daemon.transport.ack_order import AckOrder
 from daemon.transport.broker_grants import GrantLog, Grants
 from daemon.transport.inbound import Inbound
-from daemon.transport.link_common import FAILURE_THRESHOLD, STATUS_OFFLINE, LinkCommon, StoredReply
+from daemon.transport.link_common import FAILURE_THRESHOLD, STATUS_OFFLINE, LinkCommon, Out, StoredReply
 from daemon.transport.link_health import LinkHealth
 from daemon.transport.mqtt import OFFLINE_PUBLISH_TIMEOUT_S, REPLY_WINDOW
 from daemon.transport.native_conn import Connection, Dead
 from daemon.transport.native_wake import Wakeup
-from daemon.transport.native_window import Out, PublishWindow
+from daemon.transport.native_window import PublishWindow
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
 from daemon.transport.safe_ack import SafeAck

@@ -9,21 +9,12 @@ v5 forbids more in flight than the broker allows. Not thread-safe: the link hold
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple, Optional
+from typing import Optional
+
+from daemon.transport.link_common import Out
 
 # MQTT packet identifiers are 1..65535.
 MAX_PACKET_ID = 0xFFFF
-
-
-class Out(NamedTuple):
-    """One publish as the link keeps it until the broker has it (re-encoded to resend)."""
-
-    topic: str
-    payload: bytes
-    retain: bool
-    correlation_data: Optional[bytes]
-    response_topic: Optional[str]
-    owner: Optional[object]  # what waits for its PUBACK (daemon/transport/puback.py), or None
 
 
 class PublishWindow:

@@ -27,7 +27,7 @@ from daemon.tools.broker import Broker  # noqa: E402
 from daemon.transport.inbound import Inbound  # noqa: E402
 from daemon.transport.mqtt import MqttLink  # noqa: E402
 from daemon.transport.native import NativeLink  # noqa: E402
-from daemon.transport.native_window import Out  # noqa: E402
+from daemon.transport.link_common import Out  # noqa: E402
 from daemon.transport.native_wire import Frames  # noqa: E402
 from daemon.transport.outbox import Outbox, Row  # noqa: E402
 from tests.integration.conftest import ROOT, WAIT_S, Client  # noqa: E402

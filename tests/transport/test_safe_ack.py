@@ -7,7 +7,8 @@ import time
 
 from daemon.transport.ack_order import AckOrder
 from daemon.transport.inbound import Inbound
-from daemon.transport.native_window import Out, PublishWindow
+from daemon.transport.link_common import Out
+from daemon.transport.native_window import PublishWindow
 from daemon.transport.outbox import Outbox, OutboxFlusher, Row
 from daemon.transport.puback import AwaitingPuback
 from daemon.transport.safe_ack import SafeAck
