@@ -81,6 +81,8 @@ class NativeLink(LinkCommon):
         self.connected = threading.Event()
         self.online = threading.Event()  # set once subscribed and announced (systemd's READY=1)
         self.reconnects = 0  # times the daemon came back online after the first time
+        self._nudged = 0  # nudges of connections that have ended
+        self._conn: Optional[Connection] = None  # the live one, for `nudges`
         self._tls = wire.tls_context(config)
         self._will = mqtt5.Will(config.status_topic, payload=STATUS_OFFLINE, qos=mqtt5.QoS.AT_LEAST_ONCE,
                                 retain=True)
@@ -151,6 +153,12 @@ class NativeLink(LinkCommon):
     def acks_after_outbox(self) -> int:
         """Requests acked once their replies were on disk, the broker's window to us held (safe_ack.py)."""
         return self._held.acks
+
+    @property
+    def nudges(self) -> int:
+        """PINGREQs sent because the broker was silent while replies waited for PUBACKs (native_conn.py)."""
+        conn = self._conn
+        return self._nudged + (conn.nudges if conn is not None else 0)
 
     @property
     def unconfirmed_replies(self) -> int:
@@ -265,6 +273,7 @@ class NativeLink(LinkCommon):
     def _session(self, sock: socket.socket, frames: wire.Frames, connack: mqtt5.ConnAckPacket, early: list) -> None:
         """Serve one connection until it drops or stop(); a drop is logged with its cause."""
         conn = Connection(sock, frames, self._wakeup.reader, connack.server_keep_alive or self._config.keepalive_s)
+        self._conn = conn
         self._connected(connack)
         try:
             self._handle(early)
@@ -277,18 +286,21 @@ class NativeLink(LinkCommon):
                 self._health.dropped(code, exc.reason if isinstance(exc, Dead) else str(exc))
         finally:
             self._dropped()
+            self._nudged, self._conn = self._nudged + conn.nudges, None
             conn.close()
 
     def _serve(self, conn: Connection) -> None:
         while not self._stop.is_set():
             self._send_out(conn)
-            readable, woken = conn.wait(self._may_read(), self._held.due())
+            waiting = self._window.unacked > 0  # publishes wait for PUBACKs: a silent broker is nudged
+            due = [t for t in (self._held.due(), conn.nudge_due() if waiting else None) if t is not None]
+            readable, woken = conn.wait(self._may_read(), min(due, default=None))
             if woken:
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:
                 self._handle(conn.read())
             self._held.check()
-            ping = conn.keepalive()
+            ping = conn.keepalive() or (conn.nudge() if waiting else None)
             if ping is not None:
                 with self._lock:
                     self._write(ping)

@@ -33,6 +33,10 @@ GOODBYE_TIMEOUT_S = 2.0
 PINGREQ = mqtt5.PingReqPacket().write()
 # While reading is held, how often the loop asks again whether it may read.
 HELD_POLL_S = 0.005
+# While publishes wait for their PUBACKs and the broker has sent nothing for this long, a PINGREQ
+# goes out (nudge()): mosquitto 2.0.11 under overload held a client's PUBACKs in its output queue
+# until that client wrote again (docs/reliability.md, "A broker that goes quiet").
+NUDGE_S = 0.1
 _SOCKET, _WAKE = "socket", "wake"
 
 
@@ -62,6 +66,7 @@ class Connection:
         self._reading = True  # the socket is watched for reads (not held)
         self.last_in = self.last_out = clock()
         self._ping_at: Optional[float] = None
+        self.nudges = 0  # PINGREQs sent by nudge()
 
     def wait(self, reads: bool = True, until: Optional[float] = None) -> tuple[bool, bool]:
         """Until the socket is readable (when `reads`, or a PINGREQ is unanswered), writable (when
@@ -134,6 +139,20 @@ class Connection:
             self._ping_at = now
             return PINGREQ
         return None
+
+    def nudge_due(self) -> Optional[float]:
+        """When nudge() would send if nothing comes in before; None while a PINGREQ is out."""
+        return None if self._ping_at is not None else self.last_in + NUDGE_S
+
+    def nudge(self) -> Optional[bytes]:
+        """PINGREQ when the broker has been silent for NUDGE_S (the caller waits on it) and no
+        PINGREQ is out; the keepalive's rule then applies to it: no PINGRESP, the link is dead."""
+        now, due = self._clock(), self.nudge_due()
+        if due is None or now < due:
+            return None
+        self._ping_at = now
+        self.nudges += 1
+        return PINGREQ
 
     def goodbye(self, disconnect: bytes) -> None:
         """A clean stop: what is unsent, then DISCONNECT (no LWT), blocking for a moment."""

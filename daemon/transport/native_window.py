@@ -90,6 +90,11 @@ class PublishWindow:
         return moved
 
     @property
+    def unacked(self) -> int:
+        """Publishes sent and not acknowledged yet."""
+        return len(self._inflight)
+
+    @property
     def pending(self) -> int:
         return len(self._inflight) + len(self._queued)
 

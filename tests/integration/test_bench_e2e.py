@@ -127,6 +127,8 @@ def test_bench_e2e_issue_phases_on_the_second_workload(tmp_path):
     plain, expiry = overload["no_deadline"], overload["expiry_1s"]
     assert plain["offered_rps"] > overload["capacity"]["rps"]  # past capacity
     _all_answered(plain, plain["sent"])  # no deadline: the broker holds the backlog, nothing is lost
+    assert plain["daemon_received"] >= plain["published"] > plain["sent"]  # where a loss happened shows
+    assert "the daemon received" in stdout
     assert plain["results_per_s"] > 0 and plain["of_capacity"] > 0
     assert expiry["results"] + expiry["expired"] + expiry["overloaded"] + expiry["other_errors"] + expiry["lost"] \
         == expiry["sent"]

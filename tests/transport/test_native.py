@@ -47,6 +47,9 @@ class Relay:
         self.events: list[tuple[int, str, object]] = []
         self.connections = 0
         self._frozen_upto = 0  # connections numbered up to this one are frozen
+        self.hold_pubacks = False  # PUBACKs to the link wait until the link writes again
+        self._held: dict[int, list[bytes]] = {}  # connection number -> PUBACKs held back
+        self._links: dict[int, socket.socket] = {}  # connection number -> its link's side
         threading.Thread(target=self._accept, daemon=True).start()
 
     def freeze(self) -> None:
@@ -61,6 +64,15 @@ class Relay:
     def close(self) -> None:
         self._listener.close()
 
+    def _holding(self, number: int, direction: str, packets: list, data: bytes) -> bytes:
+        """What goes on now (cond held): with `hold_pubacks`, a broker that sends a client its
+        PUBACKs only once the client writes again (mosquitto 2.0.11 under overload, docs/reliability.md)."""
+        if direction != DOWN or not self.hold_pubacks:
+            return data
+        held = [p.write() for p in packets if isinstance(p, mqtt5.PubAckPacket)]
+        self._held.setdefault(number, []).extend(held)
+        return b"".join(p.write() for p in packets if not isinstance(p, mqtt5.PubAckPacket)) if held else data
+
     def _accept(self) -> None:
         while True:
             try:
@@ -71,6 +83,7 @@ class Relay:
             with self.cond:
                 self.connections += 1
                 number = self.connections
+                self._links[number] = link_side
                 self.cond.notify_all()
             for src, dst, direction in ((link_side, broker_side, UP), (broker_side, link_side, DOWN)):
                 threading.Thread(target=self._pump, args=(src, dst, direction, number), daemon=True).start()
@@ -89,10 +102,17 @@ class Relay:
             if not data:
                 break
             with self.cond:
-                self.events.extend((number, direction, p) for p in frames.feed(data))
+                packets = frames.feed(data)
+                self.events.extend((number, direction, p) for p in packets)
                 self.cond.notify_all()
+                data = self._holding(number, direction, packets, data)
             try:
                 dst.sendall(data)
+                if direction == UP and self._held.get(number):
+                    link_side = self._links[number]
+                    with self.cond:
+                        held, self._held[number] = self._held[number], []
+                    link_side.sendall(b"".join(held))  # the link wrote: what was held goes to it now
             except OSError:
                 break
         for s in (src, dst):
@@ -187,6 +207,38 @@ def test_a_request_is_acked_only_after_its_replys_puback(broker, relay, link_typ
         request_acked = next(i for i, (d, p) in enumerate(events) if d == UP and isinstance(p, mqtt5.PubAckPacket)
                              and p.packet_id == events[request][1].packet_id)
         assert request < reply < reply_acked < request_acked
+    finally:
+        client.close()
+        link.stop()
+
+
+def test_native_nudges_a_broker_that_holds_its_pubacks_until_the_link_writes(broker, relay):
+    """mosquitto 2.0.11 at 2x overload kept a client's PUBACKs queued until that client wrote again;
+    a link that then only waits never writes: its replies, and the requests behind them, stall (80,000
+    requests at 8,000/s: 1,309-6,266 results, tests/integration/test_overload.py). The native link
+    sends a PINGREQ once the broker has been silent for NUDGE_S while replies wait, well before its
+    keepalive (60 s here)."""
+    from daemon.transport.native_conn import NUDGE_S
+
+    holder = {}
+    link = _link(NativeLink, relay, keepalive_s=60,
+                 on_burst=lambda burst: [holder["link"].reply("out/r", b"re:" + m.payload, m) for m in burst])
+    holder["link"] = link
+    _serve(link)
+    client = Client(broker)
+    try:
+        client.subscribe("out/r")
+        relay.hold_pubacks = True
+        started = time.monotonic()
+        client.publish("in/a", b"one")
+
+        def request_acked(ev: list) -> bool:
+            request = [p for p in _of(ev, DOWN, mqtt5.PublishPacket) if p.topic == "in/a"]
+            return bool(request) and any(p.packet_id == request[0].packet_id for p in _of(ev, UP, mqtt5.PubAckPacket))
+        with relay.cond:
+            assert relay.cond.wait_for(lambda: request_acked(relay.events), 10 * NUDGE_S + 5.0)
+        assert time.monotonic() - started < 60  # not the keepalive's PINGREQ
+        assert _of(relay.events, UP, mqtt5.PingReqPacket) and link.nudges >= 1
     finally:
         client.close()
         link.stop()

@@ -135,6 +135,8 @@ def overload_lines(overload: dict) -> list[str]:
             f"  no deadline: results/s during {plain['results_per_s_during']:.0f}, after "
             f"{plain['results_per_s_after']:.0f}, overall {plain['results_per_s']:.0f} "
             f"({plain['of_capacity']:.2f}x capacity); lost {plain['lost']}; errors: {_errors(plain)}",
+            f"  published {plain.get('published')}, the daemon received {plain.get('daemon_received')} "
+            f"(its nudges {plain.get('daemon_nudges')}, acks after outbox {plain.get('daemon_acks_after_outbox')})",
             f"  expiry: {expiry['results']} results ({expiry['results_of_capacity_x_time']:.2f}x capacity x time), "
             f"lateness p99 {_ms(late['p99'])} ms, max {_ms(late['max'])} ms; expired {expiry['expired']}; "
             f"lost {expiry['lost']}"]

@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from daemon.errors import DaemonError
+from daemon.obs.stats_topic import stopped_stats
 from daemon.tools.bench.load import ConsumerProcess, expiry_args, percentiles
 from daemon.tools.bench.phases import Bench, Consumer, PacedRun
 from daemon.tools.bench.plan import EXTRA_PHASES
@@ -83,12 +84,21 @@ class Stress:
             logger.info("overload: %.0f req/s (%.0fx capacity) for %.1fs, no deadlines", rate, OVERLOAD_MULTIPLE,
                         duration)
             point, run = self.bench.paced(proc, self.topic, rate, duration, self.workload.line)
-        no_deadline = self._rates(point, run, capacity["rps"])
+        no_deadline = {**self._rates(point, run, capacity["rps"]), **self._where(proc, capacity, len(run.ids))}
         logger.info("overload: the same with a %d s message expiry, on a fresh daemon", EXPIRY_S)
         with self._running(DEFAULT) as proc:
             point, run = self.bench.paced(proc, self.topic, rate, duration, self.workload.line, expiry_args(EXPIRY_S))
         return {"capacity": capacity, "multiple": OVERLOAD_MULTIPLE, "no_deadline": no_deadline,
                 f"expiry_{EXPIRY_S}s": self._lateness(point, run, capacity["rps"])}
+
+    def _where(self, proc: ConsumerProcess, capacity: dict, sent: int) -> dict:
+        """Where a loss happened: what the publisher sent (warm-ups and the drain included) beside
+        what the daemon says it received (its stats at stop), its link's nudges and held-window acks."""
+        stats = stopped_stats(proc.log.read_text(errors="replace")) or {}
+        outbox = stats.get("outbox") or {}
+        return {"published": 2 * self.plan.warmup + capacity["sent"] + sent,
+                "daemon_received": stats.get("received"), "daemon_nudges": outbox.get("nudges"),
+                "daemon_acks_after_outbox": outbox.get("acks_after_outbox")}
 
     def _result_times(self, run: PacedRun) -> list[tuple[float, float]]:
         """(sent, came back) of each request of `run` answered with a result."""
