@@ -1,12 +1,16 @@
 """One HTTP connection's requests (a thread of http_server.py's listener): parse, authorize, serve, answer.
 
 Every answer is one buffered write (headers and body together) with its Content-Length, on a
-keep-alive connection unless the request's body was left unread. A request that goes through
-serving is counted in the stats by route and status (`Stats.count_http`).
+keep-alive connection unless the request's body was left unread (then it is read and dropped
+after the answer, so that the answer reaches the client: http_body.py says why). A request's whole
+time, from its first byte (the connection's opening for its first request: the TLS handshake
+included) to its answer, is `http.request_timeout_ms`. A request that goes through serving is
+counted in the stats by route and status (`Stats.count_http`).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import time
@@ -18,12 +22,13 @@ import orjson
 
 from daemon import topics
 from daemon.config.schema import RouteConfig
-from daemon.transport import v2_codec
+from daemon.transport import http_body, v2_codec
 
 logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT_S = 15.0  # a keep-alive connection with no new request for this long is closed
-READ_CHUNK = 1 << 16
+MIN_WRITE_S = 1.0  # an answer made at its deadline (a 408, a 504) still gets this long to leave
+MAX_REQUEST_LINE = 65536  # as the stdlib's BaseHTTPRequestHandler
 RETRY_AFTER_S = "1"
 MAX_DEVICE_CHARS = 128
 DEVICE_HEADER = "X-Device"  # names the device (the route filter's wildcard levels); default: the client's address
@@ -65,9 +70,64 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.listener = self.server.listener
+        self._timeout_s = self.listener.config.request_timeout_ms / 1000.0
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Every read against the request's deadline (http_body.DeadlineReader), in place of the
+        # stdlib's reader, whose socket timeout bounds each read alone.
+        self._reader = http_body.DeadlineReader(self.connection)
+        self.rfile.close()
+        self.rfile = io.BufferedReader(self._reader, http_body.READ_CHUNK)
+        self._started = self._reader.start(self._timeout_s)  # the first request counts from the accept
+        self._pending, self._first = 0, True
         if hasattr(self.connection, "do_handshake"):  # TLS: here, on this connection's thread, bounded
+            self.connection.settimeout(self._timeout_s)
             self.connection.do_handshake()
+
+    def handle_one_request(self) -> None:
+        """The stdlib's, with the request's time bounded from its first byte (a request stalled in
+        its line or headers is answered 408 and closed at its deadline, not held for
+        IDLE_TIMEOUT_S per read: max_connections such clients locked everyone out) and a body it
+        leaves unread counted."""
+        if not self._first and not self._next_request():
+            self.close_connection = True
+            return
+        self._first, self._pending = False, 0
+        try:
+            self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE + 1)
+            if len(self.raw_requestline) > MAX_REQUEST_LINE:
+                self.requestline, self.request_version, self.command = "", "", ""
+                self.send_error(414, "the request line is too long")
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():  # it answered the error
+                return
+            self._pending = _content_length(self.headers)
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(501, f"unsupported method ({self.command!r})")
+                return
+            method()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+            if self._reader.got:  # a request had begun: it is told why it ends
+                self._send(408, v2_codec.error_body(f"the request did not arrive within "
+                           f"http.request_timeout_ms ({self.listener.config.request_timeout_ms:g})", TIMEOUT),
+                           close=True)
+
+    def _next_request(self) -> bool:
+        """Wait (up to IDLE_TIMEOUT_S) for a keep-alive connection's next request; its time starts
+        at its first byte. False: the client closed, or sent nothing for that long."""
+        self._reader.start(IDLE_TIMEOUT_S)
+        try:
+            if not self.rfile.peek(1):
+                return False
+        except OSError:  # TimeoutError included
+            return False
+        self._started = self._reader.start(self._timeout_s)
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         logger.debug("%s %s", self.address_string(), format % args)
@@ -99,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def _serve(self, method: str) -> None:
-        started = time.monotonic()
+        started = self._started
         self._route_name, status = "", 500
         self.listener.begin()
         try:
@@ -115,6 +175,8 @@ class Handler(BaseHTTPRequestHandler):
             status = 500
             self._send(500, v2_codec.error_body("internal error", "internal"), close=True)
         finally:
+            if self.close_connection and self._pending:  # answered with its body unread: read it, so
+                http_body.discard(self.rfile, self._pending)  # that the answer arrives (http_body.py)
             self.listener.end()
             self.listener.stats.count_http(self._route_name, status)
 
@@ -179,8 +241,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _infer(self, route: HttpRoute, started: float, v2: bool) -> int:
         """Serve one request through intake: the v2 JSON's rows, or the route's own payload as sent."""
-        timeout_s = self.listener.config.request_timeout_ms / 1000.0
-        body = self._body(started + timeout_s)
+        timeout_s = self._timeout_s
+        body = self._body()
         request = v2_codec.Infer(None, [body], None)
         if v2:
             try:
@@ -213,37 +275,17 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise Answer(400, v2_codec.BAD_REQUEST, f"{BINARY_HEADER} must be an integer, got {value!r}") from None
 
-    def _body(self, deadline: float) -> bytes:
-        """The request's body by its Content-Length, all of it before `deadline` (else 408)."""
-        if self.headers.get("Transfer-Encoding"):
-            raise Answer(411, v2_codec.BAD_REQUEST, "send a Content-Length (chunked bodies are not taken)", True)
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise Answer(411, v2_codec.BAD_REQUEST, "a Content-Length is required", close=True) from None
-        if length < 0:
-            raise Answer(400, v2_codec.BAD_REQUEST, "a negative Content-Length", close=True)
+    def _body(self) -> bytes:
+        """The request's body by its Content-Length, all of it within the request's time (else
+        408), inflated when compressed; at most http.max_body_bytes sent and inflated (else 413)."""
         limit = self.listener.config.max_body_bytes
-        if length > limit:
-            raise Answer(413, "too_large", f"the body has {length} bytes; http.max_body_bytes is {limit}", True)
-        chunks, got = [], 0
         try:
-            while got < length:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self.connection.settimeout(left)
-                chunk = self.rfile.read1(min(length - got, READ_CHUNK))
-                if not chunk:
-                    raise ConnectionError("the client closed the connection mid-body")
-                chunks.append(chunk)
-                got += len(chunk)
-        except (TimeoutError, socket.timeout):
-            raise Answer(408, TIMEOUT, f"the body did not arrive within http.request_timeout_ms "
-                         f"({self.listener.config.request_timeout_ms:g})", close=True) from None
-        finally:
-            self.connection.settimeout(self.timeout)
-        return b"".join(chunks)
+            length, wbits = http_body.expected_length(self.headers, limit)
+            body = http_body.read_exactly(self.rfile, length, self.listener.config.request_timeout_ms)
+            self._pending = 0
+            return http_body.inflate(body, wbits, limit)
+        except http_body.Refused as refused:
+            raise Answer(refused.status, refused.code, str(refused), close=refused.close) from None
 
     def _topic(self, route: RouteConfig) -> str:
         """The request topic of this device on the route: each wildcard level of its filter is the
@@ -266,6 +308,9 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(status, orjson.dumps(body))
 
     def _send(self, status: int, body: bytes, close: bool = False) -> int:
+        # The answer leaves within the request's time too: a client that stops reading holds its
+        # connection no longer than one that stops sending.
+        self.connection.settimeout(max(self._reader.deadline - time.monotonic(), MIN_WRITE_S))
         self.send_response(status)
         self.send_header("Content-Type", JSON)
         self.send_header("Content-Length", str(len(body)))
@@ -280,3 +325,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.wfile.flush()  # one write, now: before stop() may close the connection once we are done
         return status
+
+
+def _content_length(headers) -> int:
+    """The body's announced length (0 when none or unreadable: nothing to read after a refusal)."""
+    try:
+        return max(0, int(headers.get("Content-Length", "0")))
+    except ValueError:
+        return 0

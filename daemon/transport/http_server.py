@@ -9,9 +9,14 @@ The standard library's ThreadingHTTPServer, with what its defaults lack:
   after IDLE_TIMEOUT_S.
 - At most `max_connections` open connections (each a thread while it lasts): one more is
   answered 503 from the accepting thread and closed.
-- A request's whole time is bounded: its body must arrive within `request_timeout_ms` (else
-  408 and the connection closes; a client sending its body byte by byte holds only its own
-  thread), and its answer too (else 504).
+- A request's whole time is `request_timeout_ms`, from its first byte (a connection's first
+  request: from the accept, its TLS handshake included): its line, headers and body must arrive
+  within it (else 408 and the connection closes; a client sending a byte at a time holds only
+  its own connection, and only that long), and its answer too (else 504). So a flood of stalled
+  connections holds the listener for one request timeout, not IDLE_TIMEOUT_S per read.
+- A refusal before the body is read (401, 404, 413, ...) is sent, then the body is read and
+  dropped (http_handler.py, http_body.py): a client that writes its whole body before reading
+  gets the answer instead of a reset. A gzip or deflate body is inflated, bounded.
 - Every error, the server's own included (a malformed request line), is one JSON object
   `{"error", "code", "id"}`.
 
