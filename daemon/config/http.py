@@ -40,13 +40,18 @@ class HttpConfig:
     """Address to bind; 0.0.0.0 exposes the listener to the network (set `token_file` then)."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Open connections at most (each is a thread while it lasts); one more is answered 503
-    and closed at once."""
+    and closed at once. A connection that stalls holds its place for one request_timeout_ms at
+    most; an idle keep-alive one for 15 s."""
     request_timeout_ms: float = DEFAULT_REQUEST_TIMEOUT_MS
-    """A request's whole time: its body must arrive within it (else 408) and its answer too
-    (else 504). It is also the request's deadline in admission: one predicted to miss it is
-    answered 503 at once instead of computed for nobody."""
+    """A request's whole time, from its first byte (a connection's first request: from the
+    connect, TLS handshake included): its line, headers and body must arrive within it (else
+    408, connection closed) and its answer too (else 504). It is also the request's deadline
+    in admission: one predicted to miss it is answered 503 at once instead of computed for
+    nobody."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    """A larger body (by its Content-Length) is answered 413 unread."""
+    """A larger body is answered 413: by its Content-Length (the body is then read and
+    dropped, up to 32 MiB, so that the client sees the answer), or once inflated past it
+    (Content-Encoding gzip or deflate)."""
     token_file: Optional[Path] = None
     """File holding a bearer token (its first line, at least 16 characters): every request
     but the health probes must then send `Authorization: Bearer <token>` (else 401). null:
