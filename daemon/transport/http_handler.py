@@ -92,10 +92,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._first, self._pending = False, 0
+        # What an answer's log line reads, should the request stall inside its first line.
+        self.requestline, self.request_version, self.command = "", self.default_request_version, ""
         try:
             self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE + 1)
             if len(self.raw_requestline) > MAX_REQUEST_LINE:
-                self.requestline, self.request_version, self.command = "", "", ""
                 self.send_error(414, "the request line is too long")
                 return
             if not self.raw_requestline:

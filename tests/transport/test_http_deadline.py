@@ -1,6 +1,6 @@
 """A request's whole time is http.request_timeout_ms, its line and headers included: twice
-max_connections clients that stall (silent, inside their headers, or sending a header byte at a
-time, each read well within any per-read timeout) hold the listener only until their deadline,
+max_connections clients that stall (silent, inside their request line or headers, or sending
+a header byte at a time, each read well within any per-read timeout) hold the listener only until their deadline,
 and a good client is served then (they used to hold it for 15 s, IDLE_TIMEOUT_S, per read).
 
 A real listener on a free port (tests/transport/http_listener.py) and real sockets."""
@@ -22,6 +22,7 @@ TRICKLE_S = 0.1  # a header byte this often: far inside any per-read timeout
 RETRY_S = 0.02  # the good client's pause after a 503, as a client honouring Retry-After would (shorter)
 WAIT_S = 10
 PARTIAL = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Stalled: "
+IN_LINE = b"GET /v2/hea"
 
 
 def _trickle(sock: socket.socket, stop: threading.Event) -> None:
@@ -56,12 +57,14 @@ def test_twice_max_connections_stalled_clients_hold_the_listener_only_until_thei
     config = HttpConfig(max_connections=MAX_CONNECTIONS, request_timeout_ms=TIMEOUT_MS)
     stop = threading.Event()
     with running(config) as listener:
-        kinds = ["silent", "headers", "trickle", "headers"] + ["extra"] * MAX_CONNECTIONS
+        kinds = ["silent", "headers", "trickle", "line"] + ["extra"] * MAX_CONNECTIONS
         socks = [socket.create_connection(("127.0.0.1", listener.port)) for _ in kinds]
         started = time.monotonic()
         for kind, sock in zip(kinds, socks):
             if kind in ("headers", "extra"):
                 sock.sendall(PARTIAL)
+            elif kind == "line":
+                sock.sendall(IN_LINE)
             elif kind == "trickle":
                 threading.Thread(target=_trickle, args=(sock, stop), daemon=True).start()
         try:
