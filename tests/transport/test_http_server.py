@@ -260,34 +260,14 @@ def test_requests_are_counted_by_route_and_status(daemon):
 
 
 def test_tls_serves_https_with_the_configured_certificate(tmp_path):
-    import datetime
     import ssl
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     from daemon.config.http import HttpConfig, HttpTlsConfig
-    from daemon.obs.stats import Stats
-    from daemon.transport.http_calls import Calls
-    from daemon.transport.http_server import HttpListener
+    from tests.transport.http_listener import running, self_signed
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))
-    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
-    config = HttpConfig(port=free_port(), tls=HttpTlsConfig(tmp_path / "c.pem", tmp_path / "k.pem"))
-    listener = HttpListener(config, {}, Calls(lambda inbounds: None), Stats(), lambda topic: None)
-    listener.start()
-    try:
-        context = ssl.create_default_context(cafile=str(tmp_path / "c.pem"))
+    cert, key = self_signed(tmp_path)
+    with running(HttpConfig(tls=HttpTlsConfig(cert, key))) as listener:
+        context = ssl.create_default_context(cafile=str(cert))
         conn = http.client.HTTPSConnection("localhost", listener.port, context=context, timeout=10)
         conn.request("GET", "/v2/health/live")
         assert conn.getresponse().status == 200
@@ -297,8 +277,6 @@ def test_tls_serves_https_with_the_configured_certificate(tmp_path):
         plain.settimeout(10)
         assert not plain.recv(100).startswith(b"HTTP/1.1 200")
         plain.close()
-    finally:
-        listener.stop(1.0)
 
 
 def test_curl_with_expect_100_continue_gets_its_answer_without_waiting(daemon, tmp_path):
