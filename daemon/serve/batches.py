@@ -46,7 +46,7 @@ class BatchProcessor:
         self._stats = stats
         self._cache = cache
         self._reuse = reuse
-        self._cascade = Cascade(clock)
+        self._cascade = Cascade(clock, replier.log)
         self._remote = remote
         self._far_v2 = far_v2
         self._clock = clock

@@ -9,7 +9,8 @@ model on everything plus the large model on the escalated share (docs/performanc
 
 A token bucket per route caps escalations at `max_rate_per_s`: past it the local answer is
 sent as it is, with `"escalation": "rate_limited"`, so a flood of hard inputs cannot make
-the node pay the large model on all of them.
+the node pay the large model on all of them. The stats count those (`escalation_rate_limited`),
+and the log says it once per route and interval (the replier's throttled log).
 
 `to_topic` (`RemoteCascade`): the original request bytes go to the rendered `to_topic` as an
 MQTT v5 request, with our own ResponseTopic (`edge-inferd/<client_id>/escalations`, which
@@ -34,7 +35,8 @@ from daemon import topics
 from daemon.pipeline import request_path
 from daemon.config.schema import RouteConfig
 from daemon.config.escalate import EscalateConfig
-from daemon.serve.parking import Parked, Parking, Send
+from daemon.obs.throttled_log import ThrottledLog
+from daemon.serve.parking import MS, Parked, Parking, Send
 from daemon.transport.inbound import Inbound
 from daemon.pipeline.route_pipeline import Outcome, Request, RoutePipeline, Runner, ScoreCache
 
@@ -73,10 +75,13 @@ class TokenBucket:
 class Cascade:
     """Per-route rate buckets and the local (`to_model`) escalation; shared by the workers."""
 
-    def __init__(self, clock: Callable[[], float]):
+    def __init__(self, clock: Callable[[], float], log: Optional[ThrottledLog] = None):
+        """`log`: where a rate-limited escalation is said, at most once per route and interval
+        (the replier's, with the other per-request problems)."""
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
+        self._log = log or ThrottledLog(logger)
 
     def bucket(self, route: str, esc: EscalateConfig) -> TokenBucket:
         with self._lock:
@@ -99,7 +104,15 @@ class Cascade:
                     chosen.append(i)
                 else:
                     reply["escalation"] = RATE_LIMITED
+                    self._rate_limited(pipe.route.name, esc.max_rate_per_s)
         return chosen
+
+    def _rate_limited(self, route: str, rate: float) -> None:
+        # A burst past the cap (20/s by default) is otherwise seen only in the replies and in the
+        # stats' escalation_rate_limited count: say it in the log too, once per interval.
+        self._log.warning(f"{RATE_LIMITED}:{route}", "route %r: more low-confidence results than "
+                          "escalate.max_rate_per_s (%s/s); the rest get the local answer with "
+                          "\"escalation\": \"rate_limited\"", route, rate)
 
     def run_local(self, pipe: RoutePipeline, large_pipe: RoutePipeline, requests: Sequence[Request],
                   outcome: Outcome, large_model: Runner, cache: Optional[ScoreCache]) -> Outcome:
@@ -117,10 +130,19 @@ class Cascade:
             if "error" not in reply:
                 reply["tier"] = TIER_LARGE
                 outcome.replies[i] = reply
+        _leave_now(outcome.replies, requests, self._clock())
         outcome.fresh.extend(large.fresh)
         for stage, seconds in large.stages.items():
             outcome.stages[stage] = outcome.stages.get(stage, 0.0) + seconds  # the request's cost, both tiers
         return outcome
+
+
+def _leave_now(replies: Sequence[dict], requests: Sequence[Request], now: float) -> None:
+    """The batch's local answers (a `rate_limited` one among them) leave after the heavier model's
+    run, not when the local one ended: their `latency_ms`, from arrival, says so."""
+    for reply, request in zip(replies, requests):
+        if "error" not in reply and reply.get("tier") == TIER_LOCAL:
+            reply["latency_ms"] = round((now - request.received_at) * MS, 3)
 
 
 def remote_topic(route: RouteConfig, topic: str) -> str:
@@ -148,10 +170,9 @@ class RemoteCascade(Parking):
             far = None
         if not isinstance(far, dict) or "error" in far or "index" not in far:
             logger.warning("escalation answered %r: the local answer stands", payload[:ERROR_EXCERPT])
-            return {**parked.local, "escalation": FAR_ERROR}
-        latency_ms = (self._clock() - parked.inbound.received_at) * 1000.0
+            return self.fallback(parked, FAR_ERROR)
         return {**far, "id": parked.local["id"], "route": parked.local["route"], "tier": TIER_REMOTE,
-                "latency_ms": round(latency_ms, 3)}
+                "latency_ms": self.since_arrival(parked.inbound)}
 
     def hand_off(self, cascade: Cascade, pipe: RoutePipeline, jobs: Sequence, replies: list,
                  publish: Callable[..., object]) -> list:

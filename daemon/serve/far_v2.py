@@ -33,6 +33,7 @@ from daemon.pipeline.route_pipeline import RoutePipeline
 from daemon.serve.breaker import Breaker
 from daemon.serve.cascade import FAR_ERROR, TIER_REMOTE, Cascade
 from daemon.serve.parking import Parked, Parking, Send
+from daemon.transport.inbound import Inbound
 from daemon.transport.v2_client import V2CallError, V2Client
 
 logger = logging.getLogger(__name__)
@@ -118,14 +119,13 @@ class _Senders:
 
     def _fall_back(self, rows: Sequence[_Row]) -> None:
         for row in rows:
-            self._parking.answer(row.key, lambda parked: {**parked.local, "escalation": FAR_ERROR})
+            self._parking.answer(row.key, lambda parked: self._parking.fallback(parked, FAR_ERROR))
 
     def _far_reply(self, parked: Parked, row: _Row, scores: np.ndarray, version: Optional[str]) -> dict:
         route = row.pipe.route
-        latency_ms = (self._clock() - parked.inbound.received_at) * 1000.0
         return {**parked.local, "model": self.tier.model, "model_sha256": None, "model_version": version,
                 **postprocess.fields(route, row.pipe.label, None, scores), "cached": False,
-                "tier": TIER_REMOTE, "latency_ms": round(latency_ms, 3)}
+                "tier": TIER_REMOTE, "latency_ms": self._parking.since_arrival(parked.inbound)}
 
     def stop(self) -> None:
         with self._cond:
@@ -178,14 +178,14 @@ class V2Cascade(Parking):
             return replies
         if senders.breaker.refusing():
             for i in chosen:  # a failing server: no call, the local answer at once
-                replies[i]["escalation"] = FAR_ERROR
+                self._at_once(replies[i], jobs[i].inbound)
             return replies
         esc = pipe.route.escalate
         x, failed = pipe.far_rows([jobs[i].inbound.payload for i in chosen])
         queued = []
         for n, i in enumerate(chosen):
             if n in failed:
-                replies[i]["escalation"] = FAR_ERROR
+                self._at_once(replies[i], jobs[i].inbound)
                 continue
             job = jobs[i]
             key = self.park(job.inbound, job.reply_topic, replies[i], esc.far_timeout_s)
@@ -193,4 +193,9 @@ class V2Cascade(Parking):
             replies[i] = None
         senders.put(queued)
         return replies
+
+    def _at_once(self, reply: dict, inbound: Inbound) -> None:
+        """A local answer that falls back without a call, timed to now (after the far rows' decoding)."""
+        reply["escalation"] = FAR_ERROR
+        reply["latency_ms"] = self.since_arrival(inbound)
 

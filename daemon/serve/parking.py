@@ -5,6 +5,11 @@ out first answers it, under the lock, so a request is answered exactly once: the
 answer (`answer`), or the expiry thread (`"escalation": "timeout"`: the local answer), or
 `stop` (the same). A far answer that finds nothing parked (late, or from an earlier run) is
 dropped and counted in `late`.
+
+Every reply that leaves a parking, far answer or local fallback, says `latency_ms` from the
+request's arrival to now (`since_arrival`): a fallback waited for the far tier too, and the
+local answer's own figure (made when the local inference ended) would hide that wait from the
+user and from the stats' latency, which is fed by the replies' `latency_ms` (replies.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from daemon.transport.inbound import Inbound
 TIMEOUT = "timeout"
 KEY_PREFIX_BYTES = 4
 STOP_JOIN_S = 5.0
+MS = 1000.0
 
 
 @dataclass
@@ -66,6 +72,14 @@ class Parking:
             self._cond.notify()
         return key
 
+    def since_arrival(self, inbound: Inbound) -> float:
+        """Milliseconds from the request's arrival to now: a parked request's `latency_ms`."""
+        return round((self._clock() - inbound.received_at) * MS, 3)
+
+    def fallback(self, parked: Parked, escalation: str) -> dict:
+        """The local answer, marked with why the far tier did not answer, timed to now."""
+        return {**parked.local, "escalation": escalation, "latency_ms": self.since_arrival(parked.inbound)}
+
     def deadline(self, key: bytes) -> Optional[float]:
         """The parked request's deadline; None once it has been answered."""
         with self._cond:
@@ -93,7 +107,7 @@ class Parking:
                 if parked is not None:
                     due.append(parked)
         for parked in due:
-            self._send(parked.inbound, parked.reply_topic, {**parked.local, "escalation": TIMEOUT})
+            self._send(parked.inbound, parked.reply_topic, self.fallback(parked, TIMEOUT))
 
     def _expire_loop(self) -> None:
         while True:
@@ -112,7 +126,7 @@ class Parking:
             left, self._pending, self._heap = list(self._pending.values()), {}, []
             self._cond.notify()
         for parked in left:
-            self._send(parked.inbound, parked.reply_topic, {**parked.local, "escalation": TIMEOUT})
+            self._send(parked.inbound, parked.reply_topic, self.fallback(parked, TIMEOUT))
         if self._thread is not None:
             self._thread.join(STOP_JOIN_S)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 import yaml
 
-from daemon.serve.cascade import RemoteCascade, TokenBucket
+from daemon.pipeline import request_path
+from daemon.pipeline.route_pipeline import Request
+from daemon.serve.cascade import Cascade, RemoteCascade, TokenBucket
 from daemon.config.schema import WorkersConfig
 from daemon.config.loader import load_config
 from daemon.serve import wiring
@@ -208,6 +211,27 @@ def test_rate_cap_keeps_the_local_answer_and_says_so(tmp_path):
     assert all(r.get("escalation") == "rate_limited" for r in replies if r["tier"] == "local")
 
 
+def test_to_model_local_answers_leave_after_the_large_run_and_say_so(tmp_path):
+    """In a `to_model` batch, the local answers (the rate-limited ones among them) are sent
+    after the heavier model has run on the escalated rows: their `latency_ms` counts to then. A
+    clock that moves one second per reading puts every reading after the one before."""
+    config = load_config(_write_config(tmp_path, {"when": {"score_below": 1.01}, "to_model": "activity_large",
+                                                  "max_rate_per_s": 0.001}))  # one token: one escalates
+    route = config.routes[0]
+    model = Model(config.models["activity"].path)
+    pipe = route_pipeline(config, route, model)
+    large = route_pipeline(config, route.escalate.large_route(route), model)
+    ticks = iter(range(1_000))
+    clock = lambda: float(next(ticks))  # noqa: E731
+    requests = [Request(p, 0.0) for p in _requests()[:4]]
+    local = request_path.handle_batch(pipe, requests, model, None, clock)
+    out = Cascade(clock).run_local(pipe, large, requests, local, model, None)
+    [escalated] = [r for r in out.replies if r["tier"] == "local-large"]
+    limited = [r for r in out.replies if r["tier"] == "local"]
+    assert len(limited) == 3 and all(r["escalation"] == "rate_limited" for r in limited)
+    assert all(r["latency_ms"] > escalated["latency_ms"] for r in limited), out.replies
+
+
 def test_token_bucket_refills_at_its_rate():
     now = [0.0]
     bucket = TokenBucket(2.0, lambda: now[0])
@@ -218,7 +242,7 @@ def test_token_bucket_refills_at_its_rate():
 
 def test_the_far_tier_timeout_counts_from_the_requests_arrival():
     """A request that waited in the queue and in local inference has that time taken off its
-    wait for the far tier: the user waits for all of it."""
+    wait for the far tier: the user waits for all of it, and its `latency_ms` says so."""
     now = [100.0]
     sent = []
     far = RemoteCascade("r", lambda inbound, topic, reply: sent.append(reply), clock=lambda: now[0])
@@ -228,10 +252,11 @@ def test_the_far_tier_timeout_counts_from_the_requests_arrival():
     far.park(fresh, "results/b", {"id": "fresh"}, timeout_s=0.5)
     now[0] = 100.25
     far.expire_due()
-    assert sent == [{"id": "late", "escalation": "timeout"}]
+    assert sent == [{"id": "late", "escalation": "timeout", "latency_ms": 550.0}]
     now[0] = 100.5
     far.expire_due()
     assert [r["id"] for r in sent] == ["late", "fresh"] and far.pending == 0
+    assert sent[1]["latency_ms"] == 500.0
 
 
 # --- to_topic: the far tier is simulated at the transport seam (tests/integration has the real one) ---
@@ -326,6 +351,47 @@ def test_timeout_answers_locally_and_a_late_far_answer_is_dropped(tmp_path):
     assert sorted(rec.acked) == [1, 2, 3, 1000]
 
 
+FALLBACK_TIMEOUT_MS = 200
+FAR_DELAY_S = 0.1
+
+
+def test_a_timeout_fallback_says_its_latency_from_arrival_and_the_stats_count_the_wait(tmp_path):
+    """The local answer is ready in a few ms, but it leaves timeout_ms after arrival: its
+    `latency_ms`, the stats' percentiles and their duration histogram all carry the wait."""
+    stats = Stats()
+    d, rec = _remote_serving(tmp_path, 1.01, stats, timeout_ms=FALLBACK_TIMEOUT_MS, max_rate_per_s=1000)
+    for i, payload in enumerate(_requests()[:3]):
+        d.intake.on_message(_inbound("sensors/w1/imu", payload, i + 1))
+    rec.wait(3)
+    assert d.stop(30)
+    replies = [r for _, r, _ in rec.published]
+    assert all(r["escalation"] == "timeout" and r["latency_ms"] >= FALLBACK_TIMEOUT_MS for r in replies), replies
+    latency = stats.snapshot()["latency_ms"]
+    assert latency["n"] == 3 and latency["p50"] >= FALLBACK_TIMEOUT_MS, latency
+    duration = stats.histograms()["duration"]
+    shorter = sum(n for bound, n in zip(duration.bounds, duration.counts) if bound < FALLBACK_TIMEOUT_MS / 1000)
+    assert duration.n == 3 and shorter == 0, duration.counts
+
+
+def test_a_far_error_fallback_says_its_latency_from_arrival(tmp_path):
+    """The far tier answers an error a while after the local answer was made: the local answer
+    leaves then, and its `latency_ms` counts to then (not to the end of its local inference)."""
+    d, rec = _remote_serving(tmp_path, 1.01, timeout_ms=30_000, max_rate_per_s=1000)
+    request = _inbound("sensors/w1/imu", _requests()[0], 1)
+    d.intake.on_message(request)
+    rec.wait_forwarded(1)
+    _, _, corr = rec.forwarded[0]
+    time.sleep(FAR_DELAY_S)  # the far tier's own time to its answer: the scenario, not a wait on the daemon
+    error = {"id": 0, "route": "far", "error": {"code": "overloaded", "message": "busy"}}
+    answered_at = time.monotonic()
+    d.intake.on_message(_inbound(ESCALATIONS, json.dumps(error).encode(), 9, correlation_data=corr))
+    rec.wait(1)
+    assert d.stop(30)
+    [(_, reply, _)] = rec.published
+    assert reply["escalation"] == "error", reply
+    assert reply["latency_ms"] >= (answered_at - request.received_at) * 1000 >= FAR_DELAY_S * 1000, reply
+
+
 def test_rate_cap_answers_locally_at_once(tmp_path):
     payloads = _requests()[:4]
     d, rec = _remote_serving(tmp_path, 1.01, timeout_ms=30_000, max_rate_per_s=0.001)  # one token
@@ -337,6 +403,21 @@ def test_rate_cap_answers_locally_at_once(tmp_path):
     assert d.stop(30)  # the parked one is answered on stop: never left unanswered
     assert len(rec.published) == 4 and rec.published[-1][1]["escalation"] == "timeout"
     assert sorted(rec.acked) == [1, 2, 3, 4]
+
+
+def test_a_rate_limited_burst_is_counted_and_logged_once(tmp_path, caplog):
+    """A burst past max_rate_per_s is not silent: each such reply is counted, and the log says
+    it once per route (then once per interval, with how many it left out)."""
+    stats = Stats()
+    caplog.set_level(logging.WARNING)
+    d, rec = _remote_serving(tmp_path, 1.01, stats, timeout_ms=30_000, max_rate_per_s=0.001)  # one token
+    for i, payload in enumerate(_requests()[:6]):
+        d.intake.on_message(_inbound("sensors/w1/imu", payload, i + 1))
+    rec.wait(5)
+    assert d.stop(30)
+    said = [r.getMessage() for r in caplog.records if "rate_limited" in r.getMessage()]
+    assert len(said) == 1 and "'activity'" in said[0] and "max_rate_per_s (0.001/s)" in said[0], said
+    assert stats.count("escalation_rate_limited") == 5
 
 
 def test_far_error_keeps_the_local_answer(tmp_path):

@@ -252,7 +252,34 @@ def test_a_server_slower_than_the_deadline_gets_the_local_answer_in_time_and_its
     finally:
         tier.stop()
     assert all(r["escalation"] == "timeout" and r["tier"] == "local" for r in got.values())
+    assert all(r["latency_ms"] >= 200 for r in got.values()), got  # from arrival: the wait counts
     assert answered_in < 2.0 and tier.late == 2 and len(sent.replies[0]) == 1
+
+
+FAR_DELAY_S = 0.1
+EARLIER_S = 0.5
+
+
+def test_an_error_fallback_counts_its_latency_from_arrival_on_a_call_and_at_once(far):
+    """The local answer (made with `latency_ms` 1.0 here) leaves when the far tier failed: after
+    a call that took FAR_DELAY_S, or at once while the breaker is open for a request that
+    arrived EARLIER_S ago. Its `latency_ms` counts from arrival to then, both ways."""
+    def slow_error(body):
+        time.sleep(FAR_DELAY_S)  # the far tier's own time to its error: the scenario, not a wait on the daemon
+        return 500, b"Traceback: the model raised"
+    server = far(slow_error)
+    pipe = make_pipe(server.url, concurrency=1, batch=1, breaker_failures=1, breaker_open_s=60)
+    sent = Sent()
+    tier = V2Cascade([pipe], sent)
+    tier.start()
+    try:
+        run(pipe, [0], sent, tier)
+        called = sent.wait_for(0)
+        _, replies = run(pipe, [1], sent, tier, now=time.monotonic() - EARLIER_S)  # the breaker is open
+    finally:
+        tier.stop()
+    assert called["escalation"] == "error" and called["latency_ms"] >= FAR_DELAY_S * 1000, called
+    assert replies[0]["escalation"] == "error" and replies[0]["latency_ms"] >= EARLIER_S * 1000, replies
 
 
 def test_stop_answers_every_parked_request_locally(far):
