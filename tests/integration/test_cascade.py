@@ -74,6 +74,42 @@ def test_far_tier_killed_mid_stream_every_request_answered_once_in_time(tmp_path
     assert not too_late, f"replies later than timeout_ms + {SLACK_S} s (id: s, tier, escalation): {too_late}"
 
 
+SILENT_N = 5
+
+
+def test_a_far_tier_that_never_answers_costs_timeout_ms_and_the_reply_and_stats_say_so(tmp_path, broker,
+                                                                                      start_daemon):
+    """The far tier gets every escalation (this client takes them) and never answers: each
+    request gets its local answer `timeout_ms` after arrival, and its `latency_ms` says so, no
+    less than timeout_ms and no more than the client saw from publish to reply; the stats'
+    latency (the daemon's last stats, at stop) carries the same wait."""
+    client = TimedClient(broker)
+    try:
+        near_route = _route("sensors/+/imu", escalate={"when": {"score_below": 1.01}, "to_topic": "gpu/{1}/imu",
+                                                       "timeout_ms": TIMEOUT_MS, "max_rate_per_s": 1000})
+        near = start_daemon(_config(tmp_path, "near", near_route), wait_online=client, client_id="near")
+        client.subscribe("results/+/activity")
+        client.subscribe("gpu/+/imu")  # the far tier: it takes each request and stays silent
+        with np.load(ROOT / "models/activity/test.npz") as data:
+            x = data["x"]
+        sent = {}
+        for i in range(SILENT_N):
+            sent[i] = time.monotonic()
+            client.publish("sensors/w1/imu", json.dumps({"id": i, "data": x[i].tolist()}).encode())
+        replies = {r["id"]: r for r in client.wait_json("results/w1/activity", SILENT_N)}
+        assert client.count("gpu/w1/imu") == SILENT_N  # every one was escalated, none answered
+        assert near.stop() == 0
+    finally:
+        client.close()
+    for i, r in replies.items():
+        seen_ms = (client.arrived[i][0] - sent[i]) * 1000
+        assert r["tier"] == "local" and r["escalation"] == "timeout", r
+        assert TIMEOUT_MS <= r["latency_ms"] <= seen_ms, (r, seen_ms)
+    stats = near.final_stats()
+    assert stats["counts"]["escalation_timeout"] == SILENT_N
+    assert stats["latency_ms"]["n"] == SILENT_N and stats["latency_ms"]["p50"] >= TIMEOUT_MS, stats["latency_ms"]
+
+
 def test_bundled_appliance_cascade_answers_the_unsure_with_the_large_model(tmp_path, broker, start_daemon):
     """config.yaml's appliance route with its commented cascade switched on: `appliance_large`
     reads the full-resolution trace (`escalate.preprocess`, from its card). The unsure requests
