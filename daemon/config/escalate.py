@@ -49,7 +49,11 @@ class EscalateConfig:
     count) the local answer is sent, with `"escalation": "timeout"`."""
     max_rate_per_s: float = DEFAULT_MAX_RATE_PER_S
     """Escalations per second at most (token bucket, burst of one second's worth); beyond it the
-    local answer is sent (`to_topic`, `to_v2`: with `"escalation": "rate_limited"`)."""
+    local answer is sent (`to_topic`, `to_v2`: with `"escalation": "rate_limited"`). The default
+    quietly turns a burst into local answers: of 50 unsure requests arriving together, 20 are
+    escalated and 30 answered `rate_limited`, with no error. The stats count them
+    (`counts.escalation_rate_limited`) and the log says so once per route every 10 s. Set it to
+    what the far tier can take."""
 
     @property
     def far_timeout_s(self) -> float:

@@ -232,6 +232,17 @@ def test_to_model_local_answers_leave_after_the_large_run_and_say_so(tmp_path):
     assert all(r["latency_ms"] > escalated["latency_ms"] for r in limited), out.replies
 
 
+def test_the_default_rate_turns_a_burst_of_50_into_20_escalations_and_30_rate_limited(tmp_path):
+    """The figure docs/config.md and docs/http.md give for the default max_rate_per_s (20/s)."""
+    config = load_config(_write_config(tmp_path, {"when": {"score_below": 0.6}, "to_topic": "gpu/{1}/imu"}))
+    pipe = route_pipeline(config, config.routes[0], Model(config.models["activity"].path))
+    assert pipe.route.escalate.max_rate_per_s == 20.0
+    replies = [{"id": i, "top_k": [{"label": "a", "score": 0.5}]} for i in range(50)]
+    chosen = Cascade(lambda: 100.0).select(pipe, replies)  # all at one instant: a burst
+    assert len(chosen) == 20
+    assert [r.get("escalation") for r in replies].count("rate_limited") == 30
+
+
 def test_token_bucket_refills_at_its_rate():
     now = [0.0]
     bucket = TokenBucket(2.0, lambda: now[0])
