@@ -4,6 +4,8 @@
 # .cache/v2-venvs (or $1), since their pins conflict (pydantic, fastapi, uvicorn, numpy...).
 # Never a run-time dependency of edge-inferd: these are what the daemon talks to in the tests.
 #   ./scripts/setup_v2.sh [DIR]
+# The MLServer venv also gets mlserver-sklearn, MLServer's own scikit-learn runtime, for the
+# far-tier sklearn example of docs/http.md (tests/integration/test_far_v2.py).
 # Each venv also gets a TFLite interpreter for the test's own runtime (written by the test into
 # its tmp_path): ai-edge-litert, the daemon's own backend at the daemon's own version when .venv
 # has it (so a server's INT8 scores are bit for bit the daemon's), or tflite-runtime with numpy<2
@@ -12,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-.cache/v2-venvs}"
-MLSERVER_VERSION="1.7.1"
+MLSERVER_VERSION="1.7.1"  # mlserver-sklearn is released with it, at the same version
 KSERVE_VERSION="0.21.0"
 READY_MARK="edge-inferd-v2-ready"  # written last: the tests start a server only from a finished venv
 
@@ -41,8 +43,10 @@ ready() {  # $1 venv, $2 import check
         && "$1/bin/python" -c "$2" 2>/dev/null && "$1/bin/python" -c "$SMOKE" "$MODEL" 2>/dev/null
 }
 
-install() {  # $1 venv, $2 the server's requirement, $3 import check
+install() {  # $1 venv, $2 the server's requirements (one word each), $3 import check
     local venv="$1"
+    local -a requirements
+    read -r -a requirements <<< "$2"
     if ready "$venv" "$3"; then
         return 0
     fi
@@ -51,9 +55,9 @@ install() {  # $1 venv, $2 the server's requirement, $3 import check
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     # One resolve with the server's pins: pip refuses (installing nothing) if litert cannot join them.
-    if ! "$venv/bin/python" -m pip install -q "$2" "$LITERT" numpy; then
+    if ! "$venv/bin/python" -m pip install -q "${requirements[@]}" "$LITERT" numpy; then
         echo "setup_v2: $LITERT does not install beside $2; trying tflite-runtime with numpy<2" >&2
-        "$venv/bin/python" -m pip install -q "$2" 'tflite-runtime==2.14.*' 'numpy<2'
+        "$venv/bin/python" -m pip install -q "${requirements[@]}" 'tflite-runtime==2.14.*' 'numpy<2'
     fi
     "$venv/bin/python" -c "$3"
     "$venv/bin/python" -c "$SMOKE" "$MODEL"
@@ -62,7 +66,7 @@ install() {  # $1 venv, $2 the server's requirement, $3 import check
 }
 
 mkdir -p "$DIR"
-install "$DIR/mlserver" "mlserver==$MLSERVER_VERSION" \
-    "import mlserver; assert mlserver.__version__ == '$MLSERVER_VERSION'"
+install "$DIR/mlserver" "mlserver==$MLSERVER_VERSION mlserver-sklearn==$MLSERVER_VERSION" \
+    "import mlserver, mlserver_sklearn, sklearn; assert mlserver.__version__ == '$MLSERVER_VERSION'"
 install "$DIR/kserve" "kserve==$KSERVE_VERSION" \
     "import importlib.metadata as m, kserve; assert m.version('kserve') == '$KSERVE_VERSION'"

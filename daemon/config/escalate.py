@@ -37,7 +37,10 @@ class EscalateConfig:
                                                                  "doc_type": "list of steps"})
     """`to_model` and `to_v2`: the heavier model's own preprocessing of the route's decoded input
     (the same steps as a route's `preprocess`), for a model that takes another shape: the bundled
-    `appliance_large` reads the full-resolution trace."""
+    `appliance_large` reads the full-resolution trace. A far model that takes `[N, features]` only,
+    as scikit-learn on MLServer does, needs the rows flat: end the steps with a `reshape` to one
+    dimension (a route's own steps often end in its TFLite layout, such as `[292, 1]`;
+    docs/http.md, A scikit-learn model on MLServer)."""
     to_topic: Optional[str] = None
     """Or: a heavier tier elsewhere (MQTT v5 request/response), a template like `publish`. Or
     `to_v2` (its own section below). Exactly one of `to_model`, `to_topic` and `to_v2`."""

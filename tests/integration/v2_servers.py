@@ -82,19 +82,32 @@ def python_of(kind: str) -> Path:
     return VENVS / kind / "bin" / "python"
 
 
+def sklearn_available() -> Optional[str]:
+    """Why MLServer's own scikit-learn runtime (mlserver-sklearn) cannot run here, or None."""
+    reason = available(MLSERVER)
+    if reason is None and not list((VENVS / MLSERVER).glob("lib/python*/site-packages/mlserver_sklearn")):
+        reason = f"no mlserver-sklearn in {VENVS / MLSERVER}: run ./scripts/setup_v2.sh"
+    return reason
+
+
 class V2Server:
     """One server process; `url` (http://127.0.0.1:PORT), `model`, `proc` (SIGKILL it to test a
-    far tier that dies mid-stream), `restart()` on the same port, `log()` for failure messages."""
+    far tier that dies mid-stream), `restart()` on the same port, `log()` for failure messages.
+    `model`: appliance_large on the runtime of v2_apps/, or (MLServer only) a model of the
+    caller's, whose folder (its model-settings.json and files) is already in `workdir`."""
 
-    def __init__(self, kind: str, workdir: Path):
-        self.kind, self.dir, self.model = kind, workdir, MODEL_NAME
+    def __init__(self, kind: str, workdir: Path, model: str = MODEL_NAME):
+        self.kind, self.dir, self.model = kind, workdir, model
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log_path = self.dir / "server.log"
         self.proc: Optional[subprocess.Popen] = None
         self.start_s = 0.0  # how long the last start took until the model was ready
-        self._command = _write_mlserver(self.dir, self.port) if kind == MLSERVER else _write_kserve(self.dir, self.port)
+        if kind == MLSERVER:
+            self._command = _write_mlserver(self.dir, self.port, own_model=model != MODEL_NAME)
+        else:
+            self._command = _write_kserve(self.dir, self.port)
 
     def start(self) -> V2Server:
         started = time.monotonic()
@@ -150,19 +163,23 @@ def _copy_runtime(directory: Path, *names: str) -> None:
         shutil.copy(APPS / name, directory / name)
 
 
-def _write_mlserver(workdir: Path, port: int) -> list[str]:
-    """settings.json and a model folder (named as the model: MLServer warns otherwise). gRPC cannot
-    be turned off, so it gets a free port too; metrics (another port) and parallel workers (a
-    process per model, which a SIGKILL of the server would orphan) are off."""
+def _write_mlserver(workdir: Path, port: int, own_model: bool = False) -> list[str]:
+    """settings.json and a model folder (named as the model: MLServer warns otherwise), unless the
+    caller put its own there (`own_model`: MLServer serves every model-settings.json under
+    `workdir`). gRPC cannot be turned off, so it gets a free port too; metrics (another port) and
+    parallel workers (a process per model, which a SIGKILL of the server would orphan) are off."""
     settings = {"host": LOOPBACK, "http_port": port, "grpc_port": free_port(), "metrics_endpoint": None,
                 "parallel_workers": 0, "debug": False}
     (workdir / "settings.json").write_text(json.dumps(settings))
+    command = [str(VENVS / MLSERVER / "bin" / "mlserver"), "start", str(workdir)]
+    if own_model:
+        return command
     model_dir = workdir / MODEL_NAME
     _copy_runtime(model_dir, "mlserver_runtime.py")
     model_settings = {"name": MODEL_NAME, "implementation": "mlserver_runtime.TFLiteScores",
                       "parameters": {"uri": str(MODEL)}}
     (model_dir / "model-settings.json").write_text(json.dumps(model_settings))
-    return [str(VENVS / MLSERVER / "bin" / "mlserver"), "start", str(workdir)]
+    return command
 
 
 def _write_kserve(workdir: Path, port: int) -> list[str]:
