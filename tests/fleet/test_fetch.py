@@ -226,6 +226,18 @@ def test_a_file_already_in_place_is_not_fetched_again(nginx, site, incoming):
     assert nginx.requests() == []
 
 
+def test_a_file_in_place_whose_bytes_changed_is_fetched_again(nginx, site, incoming):
+    """The same size is not the same file: a byte changed on the SD card since the download (a
+    restart before the release was admitted) is caught by the digest, and the file fetched again."""
+    data, digest = publish(site, "model.tflite")
+    changed = bytearray(data)
+    changed[SIZE // 2] ^= 0x01
+    (incoming / "model.tflite").write_bytes(bytes(changed))
+    fetch_file(nginx.url("model.tflite"), incoming / "model.tflite", SIZE, digest, policy())
+    assert (incoming / "model.tflite").read_bytes() == data
+    assert [r["status"] for r in nginx.wait_requests(1)] == ["200"]
+
+
 # --- refused ------------------------------------------------------------------------------------
 
 
