@@ -28,7 +28,7 @@ from daemon.config.schema import Config
 from daemon.fleet import canary, commands_node, desired, ha_update
 from daemon.fleet.install import Installer
 from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
-from daemon.fleet.refusal import CANARY as CANARY_CODE, CLAIM, GATE, LOAD, Refused
+from daemon.fleet.refusal import CANARY as CANARY_CODE, CLAIM, GATE, LOAD, UNKNOWN_VERSION, Refused
 from daemon.fleet.store import ModelStore
 from daemon.obs import ha_discovery
 from daemon.obs.model_watch import ModelWatch, ReleaseWindow
@@ -255,10 +255,14 @@ class Agent:
         previous = watch.window(self._host.model_sha256(name)[:SHA_PREFIX])  # before the swap: the same sha may come back
         record.staged, record.canary_serial, record.restarts = None, serial, 0
         store.write_state({**record.as_state(), "state": CANARY})  # a kill from here on resumes the canary at start
-        store.activate(serial)
+        before = store.current()
+        store.activate(serial, record.refused())
         problem = self._host.apply(f"fleet: model {name} serial {serial}")
-        if problem is not None:
-            store.back()
+        if problem is not None:  # undone: back to what ran before, even from a kept release below it
+            if before is None:
+                store.deactivate()
+            else:
+                store.activate(before, record.refused())
             record.canary_serial = None
             raise Refused(LOAD, f"the swap failed and the previous release serves on: {problem}")
         new_sha = self._host.model_sha256(name)
@@ -300,18 +304,19 @@ class Agent:
                 self.rollback(name, CANARY_CODE, f"the canary failed: {verdict.reason}")
 
     def rollback(self, name: str, code: str, message: str) -> str:
-        """Back to the previous kept release (no download, no gate), or to the configured files when
-        the current release is the first. Refused when no release is current."""
+        """Back to the newest kept release below the current one that this node has not refused (no
+        download, no gate; never up to a later serial), or to the configured files when none is kept.
+        Refused when no release is current."""
         store, record = self.stores[name], self.records[name]
         serial = store.current()
         if serial is None:
             raise Refused("operator", f"model {name!r} runs its configured files: there is no release to go back from")
-        version = (record.target or {}).get("version", "") if record.target else ""
-        store.back()
+        left = self._release(name, serial)  # the release left, not the target: they differ after a refusal
+        store.back(record.refused())
         problem = self._host.apply(f"fleet: model {name} back to {_shown(store.current())}")
         self._canaries.pop(name, None)
         record.canary_serial = None
-        record.reject(serial, version, code, message)
+        record.reject(serial, left.version if left else UNKNOWN_VERSION, code, message)
         logger.warning("fleet: %s serial %s rolled back to %s: %s", name, serial, _shown(store.current()), message)
         if problem is not None:
             logger.error("fleet: %s: the previous release failed to load again: %s", name, problem)

@@ -9,8 +9,11 @@ directory can remove what a killed writer left (daemon/fleet/store.py: `recover`
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp."
 FILE_MODE = 0o600  # the store's records are the daemon's own
@@ -59,3 +62,21 @@ def remove(path: Path) -> None:
     except FileNotFoundError:
         return
     fsync_path(path.parent)
+
+
+def read_json_object(path: Path, aside_suffix: str, owner: str) -> dict:
+    """The JSON object in `path`; {} when missing, or when it cannot be read as one: then it is moved
+    aside to `<path><aside_suffix>` (for a person to look at), with a warning naming `owner`."""
+    try:
+        document = json.loads(path.read_text())
+        if isinstance(document, dict):
+            return document
+        problem = f"a JSON {type(document).__name__}, not an object"
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    aside = path.with_name(path.name + aside_suffix)
+    logger.warning("%s: %s cannot be read (%s); moved aside to %s, starting from {}", owner, path, problem, aside)
+    os.replace(path, aside)
+    return {}

@@ -54,6 +54,10 @@ class ModelRecord:
     def rejection(self, serial: Optional[int]) -> Optional[dict]:
         return next((r for r in self.rejected if r.get("serial") == serial), None)
 
+    def refused(self) -> set[int]:
+        """The serials refused here: never a rollback's destination (daemon/fleet/store.py: `below`)."""
+        return {r["serial"] for r in self.rejected if isinstance(r.get("serial"), int)}
+
     def forget(self, serial: Optional[int], codes: Optional[tuple] = None) -> None:
         """Drop the refusal of `serial` (all of them, or only those with one of `codes`)."""
         self.rejected = [r for r in self.rejected if r.get("serial") != serial or

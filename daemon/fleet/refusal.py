@@ -24,6 +24,8 @@ GATE = "gate"
 CLAIM = "claim"
 CANARY = "canary"
 OPERATOR = "operator"
+# A refused release's version in `rejected[]` when no manifest says one it could be read from.
+UNKNOWN_VERSION = "unknown"
 CODES = (BAD_MANIFEST, UNSAFE_NAME, BAD_SIGNATURE, UNTRUSTED_KEY, TOO_FEW_SIGNATURES, SERIAL_MISMATCH, DOWNGRADE,
          WRONG_MODEL, INTERFACE, TOO_LARGE, NO_SPACE, DOWNLOAD, SHA256_MISMATCH, SIZE_MISMATCH, LOAD, GATE, CLAIM,
          CANARY, OPERATOR)

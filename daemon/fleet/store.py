@@ -5,7 +5,7 @@ Layout under the store root (a directory the daemon owns; under systemd, its Sta
     <root>/<model>/incoming/<serial>/   a release being downloaded (kept across restarts: it resumes)
     <root>/<model>/releases/<serial>/   whole releases only: manifest.json, manifest.json.minisig, the files
     <root>/<model>/current  -> releases/<serial>   relative symlink: what the daemon loads
-    <root>/<model>/previous -> releases/<serial>   relative symlink: the release before current, may be absent
+    <root>/<model>/previous -> releases/<serial>   relative symlink: where a rollback goes, may be absent
     <root>/<model>/journal.json         a swap's intent, present only while one is under way
     <root>/<model>/state.json           the node agent's record for this model (opaque to the store)
 
@@ -35,10 +35,10 @@ import shutil
 import signal
 import stat
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional
 
 from daemon.config.fleet import CURRENT_LINK
-from daemon.fleet.durable import TMP_PREFIX, fsync_path, remove, replace_link, write_json
+from daemon.fleet.durable import TMP_PREFIX, fsync_path, read_json_object, remove, replace_link, write_json
 from daemon.fleet.refusal import DOWNLOAD, OPERATOR, SERIAL_MISMATCH, UNSAFE_NAME, Refused
 
 logger = logging.getLogger(__name__)
@@ -147,26 +147,30 @@ class ModelStore:
 
     # --- the swap ---------------------------------------------------------------------------
 
-    def activate(self, serial: int) -> None:
-        """Make `serial` (a kept release) current, and the release it replaces previous."""
+    def activate(self, serial: int, refused: Collection[int] = ()) -> None:
+        """Make `serial` (a kept release) current; previous becomes `below(serial, refused)`, where
+        a rollback from it goes, whatever ran before it."""
         if self.release_dir(serial) is None:
             raise FileNotFoundError(f"{self.model} serial {serial} is not a kept release (kept: {self.kept()})")
-        before, prev_before = self.current(), self.previous()
-        if before == serial:
-            return
-        # With no current (none committed, or a swap undone), the old previous stays previous.
-        prev_after = before if before is not None else prev_before
-        self._swap(ACTIVATE, serial, None if prev_after == serial else prev_after)
+        if self.current() != serial:
+            self._swap(ACTIVATE, serial, self.below(serial, refused))
 
-    def revert(self) -> int:
-        """Point `current` back to `previous`; previous becomes the kept release before that one
-        (neither the old nor the new current), or goes. Returns the serial now current."""
-        before, back_to = self.current(), self.previous()
-        if back_to is None or back_to == before:
-            raise Refused(OPERATOR, f"{self.model} has no previous release to go back to "
-                                    f"(current serial {before}, kept {self.kept()})")
-        older = [s for s in self.kept() if s < back_to and s != before]
-        self._swap(REVERT, back_to, older[-1] if older else None)
+    def below(self, serial: int, refused: Collection[int] = ()) -> Optional[int]:
+        """The newest kept release below `serial` that the node has not `refused`. By serial, not by
+        time: a node sent down from 5 to a kept 1 (an abort's restored entry) that rolls back from 1
+        must not go "back" up to 5."""
+        older = [s for s in self.kept() if s < serial and s not in refused]
+        return older[-1] if older else None
+
+    def revert(self, refused: Collection[int] = ()) -> int:
+        """Point `current` back to `below(current)`, never forward; previous becomes the release below
+        that one, or goes. Returns the serial now current."""
+        before = self.current()
+        back_to = None if before is None else self.below(before, refused)
+        if back_to is None:
+            raise Refused(OPERATOR, f"{self.model} has no previous release to go back to (current serial "
+                                    f"{before}, kept {self.kept()}, refused {sorted(refused)})")
+        self._swap(REVERT, back_to, self.below(back_to, refused))
         return back_to
 
     def deactivate(self) -> None:
@@ -176,13 +180,14 @@ class ModelStore:
         fsync_path(self.dir)
         logger.info("%s: no release current; the configured files serve", self.model)
 
-    def back(self) -> Optional[int]:
-        """`revert`, or `deactivate` when no release is kept before the current one: the serial now
+    def back(self, refused: Collection[int] = ()) -> Optional[int]:
+        """`revert`, or `deactivate` when nothing is kept below the current release: the serial now
         current (None: the configured files)."""
-        if self.previous() is None and self.current() is not None:
+        current = self.current()
+        if current is not None and self.below(current, refused) is None:
             self.deactivate()
             return None
-        return self.revert()
+        return self.revert(refused)
 
     def _swap(self, op: str, to: int, prev_after: Optional[int]) -> None:
         journal = {"op": op, "to": to, "from": self.current(), "prev_before": self.previous(),
@@ -320,21 +325,7 @@ class ModelStore:
 
     def read_state(self) -> dict:
         """The agent's record; {} when missing, or when corrupt (then moved aside, with a warning)."""
-        path = self.dir / _STATE
-        try:
-            state = json.loads(path.read_text())
-            if isinstance(state, dict):
-                return state
-            problem = f"a JSON {type(state).__name__}, not an object"
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            problem = str(exc)
-        aside = path.with_name(path.name + CORRUPT_SUFFIX)
-        logger.warning("%s: %s cannot be read (%s); moved aside to %s, starting from {}", self.model, path,
-                       problem, aside)
-        os.replace(path, aside)
-        return {}
+        return read_json_object(self.dir / _STATE, CORRUPT_SUFFIX, self.model)
 
     def write_state(self, state: dict) -> None:
         if not isinstance(state, dict):

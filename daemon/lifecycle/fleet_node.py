@@ -49,7 +49,7 @@ def boot(config: Config) -> bool:
             record.restarts += 1
             if record.restarts > config.fleet.canary.max_restarts:
                 serial = store.current()
-                store.back()
+                store.back(record.refused())
                 message = (f"the daemon started {record.restarts} times during the canary "
                            f"(fleet.canary.max_restarts {config.fleet.canary.max_restarts})")
                 record.reject(serial, (record.target or {}).get("version", ""), CANARY_CODE, message)

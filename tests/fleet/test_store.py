@@ -229,12 +229,25 @@ def test_revert_without_a_previous_release_is_refused(tmp_path):
         ModelStore(tmp_path / "empty", MODEL).revert()
 
 
-def test_revert_never_makes_the_release_it_left_previous(tmp_path):
+def test_a_release_activated_below_the_current_one_goes_back_below_it_never_forward(tmp_path):
+    """Sent down from 4 to a kept 2 (an aborted rollout's restored entry), a rollback goes on down to
+    1, and then to the configured files: never up to 4, the release the abort left."""
     store = _store_with(tmp_path, 1, 2, 3, 4)
-    store.activate(2)  # back to an older kept release: previous is 4
-    _assert_whole(store, 2, 4)
-    assert store.revert() == 4
-    _assert_whole(store, 4, 3)
+    store.activate(2)
+    _assert_whole(store, 2, 1)
+    assert store.revert() == 1
+    _assert_whole(store, 1, None)
+    assert store.back() is None and store.current() is None
+
+
+def test_a_rollback_skips_the_releases_the_node_refused(tmp_path):
+    store = _store_with(tmp_path, 1, 2)
+    _download(store, 3)
+    store.admit(3)
+    store.activate(3, refused={2})  # 2 kept but refused (its canary failed): a rollback from 3 goes to 1
+    _assert_whole(store, 3, 1)
+    assert store.back(refused={2}) == 1
+    _assert_whole(store, 1, None)
 
 
 # --- prune -------------------------------------------------------------------------------------
