@@ -258,17 +258,32 @@ def rollback(options: RollbackOptions, out: TextIO) -> int:
             return EXIT_USAGE
         with link.cond:
             before = {node: link.reports.get(node, 0) for node in nodes}
-        for node in nodes:
+            held = {node: _upward(link.reported.get(node), options.model) for node in nodes}
+        sent = [node for node in nodes if held[node] is None]
+        for node in sent:
             link.publish(cmd_topic(node), orjson.dumps({"cmd": "rollback", "model": options.model}), retain=False)
         with link.cond:
             link.cond.wait_for(lambda: all(rollback_answer(link, node, before[node], options.model)
-                                           for node in nodes), options.timeout_s)
-            answers = {node: rollback_answer(link, node, before[node], options.model) for node in nodes}
+                                           for node in sent), options.timeout_s)
+            answers = {node: held[node] or rollback_answer(link, node, before[node], options.model) for node in nodes}
     finally:
         link.stop()
     for node in nodes:
         say(out, f"{node}: {answers[node] or f'no answer within {options.timeout_s:g} s'}")
     return EXIT_OK if all(a and a.startswith(reported_view.ROLLED_BACK) for a in answers.values()) else EXIT_NOT_DONE
+
+
+def _upward(doc: Optional[dict], model: str) -> Optional[str]:
+    """Why `rollback` is not sent to a node whose `previous` is above the serial it runs (a daemon
+    from before rollbacks went by serial, sent down by an abort's restored entry: it would go up
+    onto the release the abort left); None to send it."""
+    entry = reported_view.model_entry(doc, model) or {}
+    previous = entry.get("previous") if isinstance(entry.get("previous"), dict) else {}
+    serial, back_to = entry.get("serial"), previous.get("serial")
+    if isinstance(serial, int) and isinstance(back_to, int) and back_to > serial:
+        return (f"not sent: it runs serial {serial} and its previous release is serial {back_to}, a later one "
+                "(fleet rollback never moves a node forward)")
+    return None
 
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
@@ -334,7 +349,8 @@ def _add_rollout(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wave-timeout", type=float, default=DEFAULT_WAVE_TIMEOUT_S, metavar="S",
                    help="a node of the wave silent this long counts as failed")
     p.add_argument("--on-abort", choices=ON_ABORT, default=ROLLBACK,
-                   help="rollback: every assigned node's earlier desired entry back; halt: leave them")
+                   help="rollback: every assigned node's earlier desired entry back, but for the nodes "
+                        "already active on the release, which keep it; halt: leave them (default %(default)s)")
     p.add_argument("--force", action="store_true", help="start even while another release's rollout runs")
     p.set_defaults(fleet_verb=lambda a, out: rollout(RolloutOptions(
         a.broker, a.model, a.release, a.serial, a.waves, a.version, a.nodes, a.group, a.success, a.abort_at,

@@ -16,7 +16,7 @@ from typing import Callable, Optional, TextIO
 import orjson
 
 from daemon.fleet import reported_view
-from daemon.fleet.controller_link import ControllerLink, cmd_topic, desired_topic
+from daemon.fleet.controller_link import ControllerLink, desired_topic
 from daemon.fleet.record import (ABORTED, ABORTING, COMPLETED, EXPLICIT_NULL, ROLLBACK, TIMEOUT, RolloutRecord,
                                  topic)
 from daemon.fleet.waves import plan
@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 EXIT_COMPLETED = 0
 EXIT_ABORTED = 1
 FAILURES = (reported_view.FAILED, reported_view.ROLLED_BACK, TIMEOUT)
-ROLLBACK_ANSWER_S = 30.0  # for the nodes sent `rollback` on an abort to answer (bounds a silent one)
 
 
 def say(out: TextIO, line: str) -> None:
@@ -173,35 +172,38 @@ def publish_record(link: ControllerLink, record: RolloutRecord) -> None:
     link.publish(topic(record.model), record.to_json(), retain=True)
 
 
-def apply_on_abort(link: ControllerLink, record: RolloutRecord, out: TextIO,
-                   answer_s: float = ROLLBACK_ANSWER_S) -> RolloutRecord:
-    """`aborting`, then on_abort (rollback: every assigned node's previous entry back), then `aborted`.
-    Shared by the controller and by `fleet abort` when no controller is there to do it."""
+def apply_on_abort(link: ControllerLink, record: RolloutRecord, out: TextIO) -> RolloutRecord:
+    """`aborting`, then on_abort (rollback: every assigned node's previous entry back, but for the
+    nodes already active on the release), then `aborted`. Shared by the controller and by `fleet
+    abort` when no controller is there to do it."""
     record = record.change(state=ABORTING)
     publish_record(link, record)
-    sent: dict[str, int] = {}  # node -> its reported documents counted before the rollback command
     if record.on_abort == ROLLBACK:
         for node in sorted(record.assigned, key=lambda n: (record.assigned[n], n)):
-            record, before = _restore(link, record, node, out)
-            if before is not None:
-                sent[node] = before
+            if _healthy(link, record, node):
+                say(out, f"{node}: active on serial {record.serial}: keeps it (its desired entry is left as it is)")
+            else:
+                record = _restore(link, record, node, out)
     else:
         say(out, "on_abort halt: every desired document is left as it is")
-    _say_rollback_answers(link, record, sent, out, answer_s)
     record = record.change(state=ABORTED)
     publish_record(link, record)
     return record
 
 
-def _restore(link: ControllerLink, record: RolloutRecord, node: str,
-             out: TextIO) -> tuple[RolloutRecord, Optional[int]]:
-    """The node's previous desired entry for the model (or none) back, with the next rev. A node that
-    went active without a previous entry would stay where it is ("a model absent from every document
-    stays where it is"; `null` likewise, with no group entry), so it also gets the `rollback` command;
-    then the second value is its count of reported documents before the command (else None)."""
+def _healthy(link: ControllerLink, record: RolloutRecord, node: str) -> bool:
+    """The node runs the release and its reported document says `active`: it passed its own gate and
+    canary on it. Another node's failure is no reason to take it away: sent back, the node would
+    also refuse the good release as `operator` from then on. `fleet rollback --nodes` still can."""
+    with link.cond:
+        entry = reported_view.model_entry(link.reported.get(node), record.model)
+    return reported_view.verdict(entry, record.serial) == reported_view.ACTIVE
+
+
+def _restore(link: ControllerLink, record: RolloutRecord, node: str, out: TextIO) -> RolloutRecord:
+    """The node's previous desired entry for the model (or none) back, with the next rev."""
     with link.cond:
         doc = dict(link.desired.get(node) or {})
-        entry = reported_view.model_entry(link.reported.get(node), record.model)
     models = dict(doc.get("models")) if isinstance(doc.get("models"), dict) else {}
     previous = record.previous.get(node)
     if previous is None:
@@ -215,30 +217,7 @@ def _restore(link: ControllerLink, record: RolloutRecord, node: str,
     said = ("removed" if previous is None else "restored to null" if previous == EXPLICIT_NULL
             else f"restored to serial {previous.get('serial')}")
     say(out, f"{node}: desired entry {said} (rev {rev})")
-    if models.get(record.model) is not None or reported_view.verdict(entry, record.serial) != reported_view.ACTIVE:
-        return record, None
-    with link.cond:
-        before = link.reports.get(node, 0)
-    link.publish(cmd_topic(node), orjson.dumps({"cmd": "rollback", "model": record.model}), retain=False)
-    say(out, f"{node}: had no earlier desired entry and runs serial {record.serial}: sent rollback")
-    return record, before
-
-
-def _say_rollback_answers(link: ControllerLink, record: RolloutRecord, sent: dict[str, int], out: TextIO,
-                          answer_s: float) -> None:
-    """Each node's answer to the rollback command, waited for (bounded): a node may refuse, as a real
-    one does whose first release replaced the configured files (nothing kept to go back to), and the
-    operator must not read `aborted` as "every node is back"."""
-    if not sent:
-        return
-    with link.cond:
-        link.cond.wait_for(lambda: all(rollback_answer(link, node, before, record.model)
-                                       for node, before in sent.items()), answer_s)
-        answers = {node: rollback_answer(link, node, before, record.model) for node, before in sent.items()}
-    for node, answer in answers.items():
-        say(out, f"{node}: rollback: {answer or f'no answer within {answer_s:g} s'}"
-                 + ("" if answer and answer.startswith(reported_view.ROLLED_BACK)
-                    else f"; it may still run serial {record.serial}"))
+    return record
 
 
 def rollback_answer(link: ControllerLink, node: str, before: int, model: str) -> Optional[str]:

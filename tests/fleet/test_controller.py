@@ -138,17 +138,48 @@ def test_halt_leaves_the_desired_entry_as_it_is(broker, nodes, watcher):
     assert _desired(watcher, "gw1") == {"rev": 1, "models": {MODEL: {"url": BAD, "serial": 2}}}
 
 
-def test_rollback_sends_a_node_that_went_active_back(broker, nodes, watcher):
+def test_an_abort_leaves_a_node_already_active_on_the_release_where_it_is(broker, nodes, watcher):
+    """gw1 passed its gate and canary on serial 2; gw2's gate fails in wave 2 and aborts the rollout:
+    gw1 keeps serial 2 (no new desired document, no `rollback`, so nothing refused as `operator`
+    there), and only gw2's entry goes back."""
     first = nodes("gw1")[0]
     nodes("gw2", fails_gate=True)
     out = io.StringIO()
     # gw1 passes wave 1; gw2's gate fails in wave 2, which reaches --abort-at 0.5.
     assert controller.rollout(_options(broker, waves="1,100%"), out) == 1, out.getvalue()
     watcher.wait(RECORD, lambda r: r["state"] == "aborted" and r["result"] == {"gw1": "active", "gw2": "failed"})
-    assert watcher.wait("edge-inferd/fleet/desired/node/gw1", lambda d: d["rev"] == 2)["models"] == {}
-    first.wait_state("rolled_back")  # no earlier entry to restore: the rollback command sent it back
-    assert "gw1: had no earlier desired entry and runs serial 2: sent rollback" in out.getvalue()
-    assert "gw1: rollback: rolled_back to serial 1\n" in out.getvalue()  # the node's answer, waited for
+    assert watcher.wait("edge-inferd/fleet/desired/node/gw2", lambda d: d["rev"] == 2)["models"] == {}
+    assert _desired(watcher, "gw1") == {"rev": 1, "models": {MODEL: {"url": GOOD, "serial": 2}}}
+    assert [d["rev"] for d in first.taken] == [1] and first.states[-1] == "active"
+    assert "rolled_back" not in first.states
+    text = out.getvalue()
+    assert "gw1: active on serial 2: keeps it (its desired entry is left as it is)" in text, text
+    assert "gw2: desired entry removed (rev 2)" in text and "sent rollback" not in text, text
+
+
+def test_fleet_rollback_is_not_sent_to_a_node_it_would_move_forward(broker, nodes, watcher):
+    """A scripted node keeps `previous` by time, as daemons did before rollbacks went by serial: sent
+    down from serial 2 to 1 after an aborted rollout, its previous is 2, the aborted release.
+    `fleet rollback` does not send it the command (it would go up onto 2) and says why."""
+    first = nodes("gw1")[0]
+    nodes("gw2", fails_gate=True)
+    assert controller.rollout(_options(broker, waves="1,100%"), io.StringIO()) == 1
+    watcher.wait(RECORD, lambda r: r["state"] == "aborted")
+    watcher.publish(first.desired_topic, {"rev": 2, "models": {MODEL: {"url": "http://releases.local/activity/1/",
+                                                                       "serial": 1}}})
+    reported = Watcher(broker, "edge-inferd/gw1/fleet/reported")
+    try:  # at the broker before `fleet rollback` reads it
+        reported.wait("edge-inferd/gw1/fleet/reported", lambda d: d["models"][MODEL]["serial"] == 1
+                      and d["models"][MODEL]["previous"]["serial"] == 2)
+    finally:
+        reported.close()
+    out = io.StringIO()
+    assert controller.rollback(RollbackOptions(broker.address, MODEL, timeout_s=WAIT_S), out) == 1, out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == ("gw1: not sent: it runs serial 1 and its previous release is serial 2, a later one "
+                        "(fleet rollback never moves a node forward)"), lines
+    assert lines[1].startswith("gw2: refused"), lines
+    assert "rolled_back" not in first.states
 
 
 def test_a_node_that_never_answers_times_out_and_counts_as_failed(broker, nodes, watcher):

@@ -204,32 +204,40 @@ def test_a_rollout_rides_out_a_broker_restart_and_the_daemons_come_back(site, fl
         assert len(serving(client, node)) == 1  # each daemon answers again, with one model
 
 
-def test_an_abort_after_a_node_went_active_sends_it_back_to_its_configured_files(site, fleet, broker, client):
-    """gw1 goes active on the fleet's first release, gw2 fails in wave 2: on_abort rollback takes
-    gw1's desired entry away and sends it `rollback`; its first release replaced the configured
-    files, which is where it goes back to (no release was kept before it), and the controller
-    says so before it calls the rollout aborted."""
+def test_an_abort_keeps_the_node_active_on_the_release_and_fleet_rollback_never_moves_one_forward(site, fleet,
+                                                                                                  broker, client):
+    """gw1 runs serial 2, then goes active on serial 3 in wave 1; gw2 trusts another key and refuses 3
+    (untrusted_key) in wave 2, which aborts the rollout. gw1 keeps serial 3, refused nowhere as
+    `operator`. Then gw1 is sent down to its kept serial 2 (as an abort once did to such a node):
+    `fleet rollback` takes it on down to its configured files, never up onto the aborted 3."""
     from daemon.fleet import minisign
+    from daemon.fleet.controller import RollbackOptions
+    from tests.integration.fleet_site import desire
 
-    fleet(gw2={"trusted_keys": [minisign.generate().public_key.line]})  # gw2 trusts another key: untrusted_key
-    url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
+    fleet(gw2={"trusted_keys": [minisign.generate().public_key.line]})
+    second, third = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), site.release(3, "1.2.0")
     traffic = Traffic(client, NODES)
     out = io.StringIO()
     try:
-        code = controller.rollout(options(broker, url, 2), out)
+        desire(client, "gw1", 1, second, 2)
+        reported(client, "gw1", lambda m: m["state"] == "active" and m["serial"] == 2)
+        code = controller.rollout(options(broker, third, 3, waves="1,100%", nodes=("gw1", "gw2")), out)
+        aborted = record(client, lambda r: r["state"] == "aborted")
+        desire(client, "gw1", desired_revs(client, "gw1")[-1] + 1, second, 2)
+        reported(client, "gw1", lambda m: m["state"] == "active" and m["serial"] == 2)
     finally:
         traffic.stop()
-    assert code == 1, out.getvalue()
-    aborted = record(client, lambda r: r["state"] == "aborted")
-    assert aborted["result"] == {"gw1": "active", "gw2": "failed"} and "gw3" not in aborted["assigned"]
-    doc = client.wait_json_until("edge-inferd/gw1/fleet/reported",
-                                 lambda d: (d["last_cmd"] or {}).get("cmd") == "rollback")
-    assert doc["last_cmd"]["ok"] is True and doc["models"][MODEL]["serial"] is None
-    assert doc["models"][MODEL]["state"] == "rolled_back"
-    text = out.getvalue()
-    assert "gw1: had no earlier desired entry and runs serial 2: sent rollback" in text, text
-    assert "gw1: rollback: rolled_back to its configured files" in text, text
-    assert text.index("gw1: rollback: rolled_back") < text.index("rollout of activity serial 2 aborted")
+    assert code == 1 and aborted["result"] == {"gw1": "active", "gw2": "failed"}, out.getvalue()
+    assert "gw1: active on serial 3: keeps it" in out.getvalue() and desired_revs(client, "gw1") == [1, 2, 3]
+    kept = [json.loads(m.payload)["models"][MODEL] for m in client.on("edge-inferd/gw1/fleet/reported")]
+    assert all(r["code"] != "operator" for entry in kept for r in entry["rejected"]), kept[-1]
+    refused = reported(client, "gw2", lambda m: m["state"] == "failed")["models"][MODEL]["rejected"]
+    assert [(r["serial"], r["code"]) for r in refused] == [(3, "untrusted_key")]
+    back = io.StringIO()
+    assert controller.rollback(RollbackOptions(broker.address, MODEL, nodes=("gw1",)), back) == 0, back.getvalue()
+    assert back.getvalue() == "gw1: rolled_back to its configured files\n"
+    entry = reported(client, "gw1", lambda m: m["state"] == "rolled_back")["models"][MODEL]
+    assert entry["serial"] is None and entry["rejected"][-1]["serial"] == 2
 
 
 def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first(site, fleet, broker, client):
