@@ -27,8 +27,10 @@ from daemon.config.mqtt import fleet_group_topic
 from daemon.config.schema import Config
 from daemon.fleet import canary, commands_node, desired, ha_update
 from daemon.fleet.install import Installer
-from daemon.fleet.records import ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, ModelRecord, Release
+from daemon.fleet.records import (ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, VERIFYING,
+                                  ModelRecord, Release)
 from daemon.fleet.refusal import CANARY as CANARY_CODE, CLAIM, GATE, LOAD, UNKNOWN_VERSION, Refused
+from daemon.fleet.release import claimed
 from daemon.fleet.store import ModelStore
 from daemon.obs import ha_discovery
 from daemon.obs.model_watch import ModelWatch, ReleaseWindow
@@ -209,10 +211,13 @@ class Agent:
         record.target, record.error, record.gate = target.as_dict(), None, None
         installer = self._make_installer(self._host.config(), self._trusted, store,
                                          lambda state, **fields: self._set(name, state, **fields), self._cancel[name])
-        serial, version = target.serial, ""
+        serial, version = target.serial, UNKNOWN_VERSION
         try:
-            self._set(name, "downloading", progress=None)
-            manifest, data, signatures = installer.manifest(target)
+            self._set(name, VERIFYING, progress=None)  # the manifest first: no byte of the model before it
+            data, signatures = installer.signed(target)
+            said = claimed(data)  # what a refusal before the signatures are checked names (shown, not trusted)
+            serial, version = target.serial if target.serial is not None else said[0], said[1]
+            manifest = installer.manifest(target, data, signatures)
             serial, version = manifest.serial, manifest.version
             record.target.update(serial=serial, version=version)
             record.summary = manifest.summary

@@ -15,7 +15,7 @@ from typing import Optional, Protocol
 
 from daemon.fleet import desired
 from daemon.fleet.durable import write_json
-from daemon.fleet.refusal import OPERATOR, Refused
+from daemon.fleet.refusal import OPERATOR, UNKNOWN_VERSION, Refused
 
 
 class Agent(Protocol):
@@ -115,7 +115,8 @@ def _carry_out(agent: Agent, name: str, model: str) -> str:
     record.staged = None  # CANCEL: the download stopped already (the MQTT thread set its flag)
     record.error, record.state = {"code": OPERATOR, "message": "cancelled by the operator"}, "failed"
     target = agent.targets().get(model)
-    record.reject(None if target is None else target.serial, "", OPERATOR, "cancelled by the operator")
+    record.reject(None if target is None else target.serial, (record.target or {}).get("version") or UNKNOWN_VERSION,
+                  OPERATOR, "cancelled by the operator")
     return "cancelled"
 
 

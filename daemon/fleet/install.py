@@ -1,12 +1,14 @@
 """One release from its URL to a whole release in the store, and through the gate.
 
-The order is the protocol's (docs/fleet.md), and every step before the last leaves the store
-as it was, so the running release serves throughout: the manifest and its signatures (at least
+The order is the protocol's (docs/fleet.md), as the reported states show it (`verifying`,
+`downloading`, `verifying`, `gating`), and every step before the last leaves the store as it
+was, so the running release serves throughout: the manifest and its signatures (at least
 `fleet.threshold` pinned keys); the serial against the committed one; the model's interface
 against every route that uses it, all before a byte of the model is fetched; then the size
 against the cap and the free disk; the files, resumable, each streamed through sha256, fsynced
-and renamed into the store (daemon/fleet/fetch.py, store.py); last the gate on this node's own
-data, in a child process (gate.py).
+and renamed into the store (daemon/fleet/fetch.py, store.py); each file read back against its
+signed sha256 before the release is admitted; last the gate on this node's own data, in a
+child process (gate.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from daemon.config.check import interface_problems
@@ -21,7 +24,9 @@ from daemon.config.schema import Config
 from daemon.fleet import gate
 from daemon.fleet.desired import Target
 from daemon.fleet.fetch import FetchPolicy, fetch_file, fetch_small
-from daemon.fleet.refusal import DOWNGRADE, INTERFACE, NO_SPACE, SERIAL_MISMATCH, TOO_LARGE, WRONG_MODEL, Refused
+from daemon.fleet.part import hash_file
+from daemon.fleet.refusal import (DOWNGRADE, INTERFACE, NO_SPACE, SERIAL_MISMATCH, SHA256_MISMATCH, TOO_LARGE,
+                                  WRONG_MODEL, Refused)
 from daemon.fleet.release import Manifest, verify_manifest
 from daemon.fleet.store import ModelStore
 
@@ -50,12 +55,15 @@ class Installer:
     def model(self) -> str:
         return self.store.model
 
-    def manifest(self, target: Target) -> tuple[Manifest, bytes, str]:
-        """The target's manifest, verified and checked against this node; nothing fetched beyond it."""
+    def signed(self, target: Target) -> tuple[bytes, str]:
+        """The target's manifest and its signatures, as the server sent them (nothing verified yet)."""
         data = fetch_small(target.manifest_url, MAX_MANIFEST_BYTES, self.policy)
         signatures = fetch_small(target.base_url + SIGNATURE, MAX_SIGNATURE_BYTES, self.policy).decode("utf-8",
                                                                                                       "replace")
-        self.set_state("verifying")
+        return data, signatures
+
+    def manifest(self, target: Target, data: bytes, signatures: str) -> Manifest:
+        """The manifest, verified and checked against this node; nothing fetched beyond it."""
         fleet = self.config.fleet
         manifest = verify_manifest(data, signatures, self.trusted, fleet.threshold)
         if manifest.model != self.model:
@@ -71,7 +79,7 @@ class Installer:
         problems = interface_problems(self.config, self.model, manifest.interface)
         if problems:
             raise Refused(INTERFACE, "; ".join(problems))
-        return manifest, data, signatures
+        return manifest
 
     def fetch(self, target: Target, manifest: Manifest, data: bytes, signatures: str) -> None:
         """The release's files into the store (a kept release: nothing to fetch)."""
@@ -93,6 +101,7 @@ class Installer:
                        progress=progress, cancel=self.cancel)
             done += entry.size
         self.set_state("verifying", progress={"bytes": total, "total": total})
+        _check_digests(incoming, manifest)
         (incoming / MANIFEST).write_bytes(data)
         (incoming / SIGNATURE).write_text(signatures, encoding="utf-8")
         self.store.admit(manifest.serial)
@@ -112,6 +121,19 @@ class Installer:
                     ", ".join(f"{r} {f['metric']} {f['value']:.4f}" for r, f in report.items()) or "not measured",
                     cpu_s)
         return figures
+
+
+def _check_digests(incoming: Path, manifest: Manifest) -> None:
+    """Each file read back from the store against the signed sha256, once all are there: the last
+    look at the bytes before they become a release (a file kept from an earlier run, or changed on
+    the card since its download, is caught here). A mismatch removes the file: a `retry` fetches it."""
+    for entry in manifest.files:
+        path = incoming / entry.name
+        digest = hash_file(path).hexdigest()
+        if digest != entry.sha256:
+            path.unlink()
+            raise Refused(SHA256_MISMATCH, f"{entry.name} read back from the store has sha256 {digest[:12]}, not "
+                          f"the signed {entry.sha256[:12]}: its bytes changed on disk after the download")
 
 
 def _progress(set_state: Callable[..., None], before: int, total: int) -> Callable[[int, int], None]:

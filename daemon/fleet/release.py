@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from daemon.fleet.minisign import MinisignError, PublicKey, Signature, parse_signatures
-from daemon.fleet.refusal import (BAD_MANIFEST, BAD_SIGNATURE, TOO_FEW_SIGNATURES, UNSAFE_NAME, UNTRUSTED_KEY,
-                                  Refused)
+from daemon.fleet.refusal import (BAD_MANIFEST, BAD_SIGNATURE, TOO_FEW_SIGNATURES, UNKNOWN_VERSION, UNSAFE_NAME,
+                                  UNTRUSTED_KEY, Refused)
 from daemon.model.interface import Interface, TensorSpec
 
 SCHEMA = "edge-inferd.release/1"
@@ -29,6 +29,7 @@ SIGNATURE_NAME = "manifest.json.minisig"
 RESERVED_NAMES = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a few files; anything near this is not one
+MAX_CLAIMED_VERSION = 64  # an unverified version longer than this is shown as unknown
 METRICS = ("accuracy", "roc_auc", "mae")  # as `edge-inferd validate` prints them, by output kind
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _REQUIRED = object()
@@ -311,6 +312,21 @@ def _dtype(name: str, key: str) -> np.dtype:
     if dtype.name != name:  # only canonical names ('int8', not 'i1' or '<i1'): one spelling per dtype
         raise _bad(key, f"{name[:100]!r} is not a numpy dtype name (did you mean {dtype.name!r}?)")
     return dtype
+
+
+def claimed(data: bytes) -> tuple[Optional[int], str]:
+    """(serial, version) as manifest bytes claim them before anything is verified, for a refusal's
+    `rejected` entry only (no decision rests on them): None, and UNKNOWN_VERSION, where the bytes say
+    nothing usable (not JSON, no such key, a version that is not one plain word)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        doc = None
+    doc = doc if isinstance(doc, dict) else {}
+    serial, version = doc.get("serial"), doc.get("version")
+    plain = isinstance(version, str) and 0 < len(version) <= MAX_CLAIMED_VERSION and version.isprintable() \
+        and not any(c.isspace() for c in version)
+    return (serial if type(serial) is int and serial >= 0 else None), (version if plain else UNKNOWN_VERSION)
 
 
 # --- trust ---

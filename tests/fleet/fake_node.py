@@ -9,10 +9,11 @@ for its model, by the release URL and its own settings:
 - an entry that is what it runs, or no entry: nothing ("a model absent from every document stays
   where it is");
 - a release it keeps (its previous one): straight back to it, `active`, no download or gate;
-- a URL with `bad` in it: `downloading`, then `failed` with error `bad_signature` (and `rejected`);
+- a URL with `bad` in it: `verifying`, then `failed` with error `bad_signature` (and `rejected`);
 - `silent=True`: never answers (a node the wave timeout must catch);
-- `fails_gate=True`: `downloading` ... `gating`, then `failed` with error `gate` (worse on its data);
-- else `downloading` (50%, 100%) → `verifying` → `gating` → `canary` → `active`.
+- `fails_gate=True`: `verifying` ... `gating`, then `failed` with error `gate` (worse on its data);
+- else `verifying` (the manifest) → `downloading` (50%, 100%) → `verifying` (the files) → `gating` →
+  `canary` → `active`.
 `hold_at=STATE` stops after publishing that state until `go` is set, so a test can act (kill the
 controller, restart the broker) at a known point. Commands on `edge-inferd/<name>/fleet/cmd`:
 `rollback` sends the model back to `previous` (`rolled_back`, the serial rejected by `operator`).
@@ -130,8 +131,8 @@ class FakeNode:
 
     def _install(self, entry: dict) -> None:
         serial, total = entry["serial"], 21408
-        self._step(state="downloading", target=_target(entry), progress={"bytes": total // _HALF, "total": total},
-                   error=None)
+        self._step(state="verifying", target=_target(entry), error=None)
+        self._step(state="downloading", progress={"bytes": total // _HALF, "total": total})
         self._step(progress={"bytes": total, "total": total})
         self._step(state="verifying")
         self._step(state="gating")
@@ -150,7 +151,7 @@ class FakeNode:
                    progress=None)
 
     def _fail(self, entry: dict) -> None:
-        self._step(state="downloading", target=_target(entry), progress={"bytes": 0, "total": 21408})
+        self._step(state="verifying", target=_target(entry))
         self._refuse(entry, {"code": "bad_signature", "message": "manifest.json.minisig does not verify manifest.json"})
 
     def _refuse(self, entry: dict, error: dict, **changes) -> None:

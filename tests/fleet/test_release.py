@@ -17,7 +17,7 @@ from daemon.errors import DaemonError, ModelError
 from daemon.fleet import minisign, publish, release
 from daemon.fleet.refusal import (BAD_MANIFEST, BAD_SIGNATURE, TOO_FEW_SIGNATURES, UNSAFE_NAME, UNTRUSTED_KEY,
                                   Refused)
-from daemon.fleet.release import MANIFEST_NAME, SIGNATURE_NAME, Claim, parse_manifest, verify_manifest
+from daemon.fleet.release import MANIFEST_NAME, SIGNATURE_NAME, Claim, claimed, parse_manifest, verify_manifest
 from daemon.model.runtime import Model, file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -371,3 +371,15 @@ def test_a_manifests_file_by_name(manifest_bytes):
     assert manifest.file("labels.txt").size == LABELS.stat().st_size
     with pytest.raises(KeyError, match="other"):
         manifest.file("other")
+
+
+@pytest.mark.parametrize("data, said", [
+    (b'{"serial": 5, "version": "1.4.0", "model": "activity"}', (5, "1.4.0")),
+    (b'{"serial": true, "version": "1.4 beta"}', (None, "unknown")),
+    (b'{"serial": -1, "version": ""}', (None, "unknown")),
+    (b'{"version": "' + b"9" * 65 + b'"}', (None, "unknown")),
+    (b"[5]", (None, "unknown")),
+    (b"\xff not json", (None, "unknown")),
+])
+def test_what_a_manifest_claims_before_it_is_verified_is_a_plain_serial_and_version_or_unknown(data, said):
+    assert claimed(data) == said

@@ -48,6 +48,7 @@ def test_a_release_goes_from_desired_to_active_and_serves(site, start_daemon, cl
     client.subscribe(RESULTS)
     first = answered_by(client, activity_payloads(20))
     url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO, summary="float interface build")
+    reported(client, NODE, lambda m: True)  # subscribed before the desire: every state it goes through is seen
     started = time.monotonic()
     desire(client, NODE, 1, url, 2)
     reported(client, NODE, lambda m: m["state"] == "canary" and m["serial"] == 2)
@@ -55,6 +56,11 @@ def test_a_release_goes_from_desired_to_active_and_serves(site, start_daemon, cl
     doc = reported(client, NODE, lambda m: m["state"] == "active" and m["serial"] == 2)
     print(f"desired -> active: {time.monotonic() - started:.2f} s")
     entry = doc["models"]["activity"]
+    states = [json.loads(m.payload)["models"]["activity"]["state"]
+              for m in client.on(f"edge-inferd/{NODE}/fleet/reported")]
+    steps = [state for i, state in enumerate(states) if i == 0 or state != states[i - 1]]
+    # The protocol's order: the signed manifest, then the files, then each file's digest, then the gate.
+    assert steps[steps.index("verifying"):] == ["verifying", "downloading", "verifying", "gating", "canary", "active"]
     assert second != first and len(second) == 1
     assert entry["version"] == "1.1.0" and entry["previous"] is None and entry["rejected"] == []
     assert entry["gate"]["passed"] and entry["gate"]["routes"]["activity"]["metric"] == "accuracy"

@@ -232,7 +232,7 @@ def test_an_abort_keeps_the_node_active_on_the_release_and_fleet_rollback_never_
     kept = [json.loads(m.payload)["models"][MODEL] for m in client.on("edge-inferd/gw1/fleet/reported")]
     assert all(r["code"] != "operator" for entry in kept for r in entry["rejected"]), kept[-1]
     refused = reported(client, "gw2", lambda m: m["state"] == "failed")["models"][MODEL]["rejected"]
-    assert [(r["serial"], r["code"]) for r in refused] == [(3, "untrusted_key")]
+    assert [(r["serial"], r["version"], r["code"]) for r in refused] == [(3, "1.2.0", "untrusted_key")]
     back = io.StringIO()
     assert controller.rollback(RollbackOptions(broker.address, MODEL, nodes=("gw1",)), back) == 0, back.getvalue()
     assert back.getvalue() == "gw1: rolled_back to its configured files\n"
