@@ -343,11 +343,15 @@ def _add_rollout(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--nodes", type=_nodes, default=(), metavar="A,B,C", help="these nodes, in this order")
     which.add_argument("--group", metavar="G", help="the nodes that report this group")
-    p.add_argument("--success", type=float, default=1.0, metavar="F", help="a wave passes at this share active")
-    p.add_argument("--abort-at", type=float, default=0.5, metavar="F", help="abort at this share failed so far")
-    p.add_argument("--abort-min-nodes", type=int, default=1, metavar="N", help="... once at least N nodes failed")
-    p.add_argument("--wave-timeout", type=float, default=DEFAULT_WAVE_TIMEOUT_S, metavar="S",
-                   help="a node of the wave silent this long counts as failed")
+    p.add_argument("--success", type=float, default=RolloutOptions.success, metavar="F",
+                   help="a wave passes at this share of its nodes active (default %(default)s: all)")
+    p.add_argument("--abort-at", type=float, default=RolloutOptions.abort_at, metavar="F",
+                   help="abort once this share of the nodes judged so far failed (default %(default)s)")
+    p.add_argument("--abort-min-nodes", type=int, default=RolloutOptions.abort_min_nodes, metavar="N",
+                   help="... and at least N nodes failed (default %(default)s)")
+    p.add_argument("--wave-timeout", type=float, default=RolloutOptions.wave_timeout_s, metavar="S",
+                   help="a node of the wave not active, failed or rolled back within S seconds "
+                        "counts as failed (default %(default)s)")
     p.add_argument("--on-abort", choices=ON_ABORT, default=ROLLBACK,
                    help="rollback: every assigned node's earlier desired entry back, but for the nodes "
                         "already active on the release, which keep it; halt: leave them (default %(default)s)")

@@ -60,14 +60,19 @@ def describe(entry: Optional[dict]) -> str:
 
 
 def error_code(entry: Optional[dict]) -> Optional[str]:
-    """The entry's error code; else, where a release was refused earlier, `last: <its code>`."""
+    """The entry's error code; else `last: <code>` of the last refusal, but only while it is still
+    the word on what the node was asked for: it names the target's serial and the node does not run
+    it. A refusal older than that (a node active on a later release) is history, not its state."""
     error = entry.get("error") if isinstance(entry, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     if code:
         return str(code)
     rejected = entry.get("rejected") if isinstance(entry, dict) else None
     last = rejected[-1] if isinstance(rejected, list) and rejected and isinstance(rejected[-1], dict) else {}
-    return f"last: {last['code']}" if last.get("code") else None
+    target = entry.get("target") if isinstance(entry, dict) else None
+    wanted = target.get("serial") if isinstance(target, dict) else None
+    current = wanted is not None and last.get("serial") == wanted and entry.get("serial") != wanted
+    return f"last: {last['code']}" if current and last.get("code") else None
 
 
 def verdict(entry: Optional[dict], serial: int) -> Optional[str]:

@@ -361,6 +361,15 @@ def test_the_table_reads_download_gate_canary_error_and_age():
     assert len(fleet_status.rows(reported, None, now)) == 4
 
 
+def test_the_error_cell_shows_an_old_refusal_only_while_it_is_the_word_on_the_target():
+    untrusted = {"serial": 2, "version": "1.1.0", "code": "untrusted_key", "message": "signed by another key"}
+    reported = {"gw1": {"models": {MODEL: {"state": "active", "serial": 3, "target": {"serial": 3},
+                                           "rejected": [untrusted]}}},
+                "gw2": {"models": {MODEL: {"state": "downloading", "serial": 1, "target": {"serial": 2},
+                                           "rejected": [untrusted]}}}}
+    assert [r["error"] for r in fleet_status.rows(reported, MODEL, 0.0)] == [None, "last: untrusted_key"]
+
+
 def test_the_argparse_helper_registers_the_verbs_and_runs_the_one_parsed(broker, nodes):
     import argparse
 
@@ -376,6 +385,19 @@ def test_the_argparse_helper_registers_the_verbs_and_runs_the_one_parsed(broker,
     assert controller.run_from_args(args, io.StringIO()) == 0
     for verb in ("abort", "rollback"):
         assert parser.parse_args(["fleet", verb, "--model", MODEL]).fleet_verb is not None
+
+
+def test_rollout_help_gives_every_default():
+    import argparse
+
+    fleet = argparse.ArgumentParser(prog="edge-inferd").add_subparsers().add_parser("fleet").add_subparsers()
+    controller.add_fleet_controller_args(fleet)
+    text = " ".join(fleet.choices["rollout"].format_help().split())
+    for option, default in (("--success F", "(default 1.0: all)"), ("--abort-at F", "(default 0.5)"),
+                            ("--abort-min-nodes N", "(default 1)"), ("--wave-timeout S", "(default 600.0)"),
+                            ("--on-abort {rollback,halt}", "(default rollback)")):
+        help_of = text.split(f" {option} ", 1)[1].split(" --", 1)[0]  # up to the next option
+        assert default in help_of, (option, help_of)
 
 
 def test_an_unreachable_broker_exits_1_and_a_bad_address_2():
