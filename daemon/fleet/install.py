@@ -101,7 +101,7 @@ class Installer:
                        progress=progress, cancel=self.cancel)
             done += entry.size
         self.set_state("verifying", progress={"bytes": total, "total": total})
-        _check_digests(incoming, manifest)
+        check_digests(incoming, manifest)
         (incoming / MANIFEST).write_bytes(data)
         (incoming / SIGNATURE).write_text(signatures, encoding="utf-8")
         self.store.admit(manifest.serial)
@@ -123,7 +123,7 @@ class Installer:
         return figures
 
 
-def _check_digests(incoming: Path, manifest: Manifest) -> None:
+def check_digests(incoming: Path, manifest: Manifest) -> None:
     """Each file read back from the store against the signed sha256, once all are there: the last
     look at the bytes before they become a release (a file kept from an earlier run, or changed on
     the card since its download, is caught here). A mismatch removes the file: a `retry` fetches it."""

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from daemon.fleet.install import _check_digests
+from daemon.fleet.install import check_digests
 from daemon.fleet.refusal import SHA256_MISMATCH, Refused
 from daemon.fleet.release import FileEntry
 
@@ -18,9 +18,9 @@ def test_a_file_whose_bytes_changed_after_its_download_is_refused_and_removed(tm
                                            for name, data in files.items()))
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    _check_digests(tmp_path, manifest)  # as signed: nothing to say
+    check_digests(tmp_path, manifest)  # as signed: nothing to say
     (tmp_path / "model.tflite").write_bytes(b"model bytez")  # the same size, one byte changed on the card
     with pytest.raises(Refused) as refused:
-        _check_digests(tmp_path, manifest)
+        check_digests(tmp_path, manifest)
     assert refused.value.code == SHA256_MISMATCH and "model.tflite" in refused.value.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.txt"]  # a retry fetches it again
