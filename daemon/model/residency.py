@@ -122,6 +122,11 @@ class LazyModel:
             finally:
                 self._residency.clock.used(self.name)
 
+    def take_invokes(self) -> list[tuple[int, float]]:
+        """As `Model.take_invokes` (none while unloaded: an unload takes its invokes with it)."""
+        with self._lock:
+            return [] if self._model is None else self._model.take_invokes()
+
     def _reload(self) -> Model:
         started = time.perf_counter()
         model = self._load()

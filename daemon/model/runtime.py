@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import logging
 import time
+from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -148,6 +149,9 @@ def _read_model(path: Path) -> bytes:
 # on the request path (resize + allocate_tensors costs far more than an invoke).
 _WARM_UP_ROUNDS = 5
 _WARM_UP_BUDGET_S = 0.03
+# Invokes whose CPU time waits here until taken (daemon/serve/batches.py takes them after each
+# batch, for the fleet canary); bounded, so a model nobody takes from (validate, bench) stays small.
+_INVOKES_KEPT = 64
 
 
 def bucket_sizes(max_batch: int) -> tuple[int, ...]:
@@ -197,6 +201,7 @@ class Model:
         # Cost model of one invoke, a * n + b seconds (measured by warm_up): picks padding or splitting.
         self.cost_per_sample_s = 0.0
         self.cost_per_invoke_s = 0.0
+        self._invoked: deque[tuple[int, float]] = deque(maxlen=_INVOKES_KEPT)
 
     def _open(self, require_int8: bool) -> tuple[Any, Interface]:
         """The first interpreter and the model's interface; ModelError when it cannot be served."""
@@ -277,11 +282,23 @@ class Model:
             self._interps[size] = interp
         return interp
 
+    def take_invokes(self) -> list[tuple[int, float]]:
+        """(batch size, CPU seconds) of each invoke since the last call, oldest first: the
+        model's own cost, which the fleet canary compares between releases (daemon/fleet/canary.py)."""
+        taken = list(self._invoked)
+        self._invoked.clear()
+        return taken
+
     def _invoke(self, q: np.ndarray) -> np.ndarray:
         interp = self._interpreter(q.shape[0])
         interp.set_tensor(self.input.index, q)
-        interp.invoke()
         n = q.shape[0]
+        # This thread's CPU time, not the wall clock: the invoke runs on the calling thread (litert,
+        # threads: 1: its process time equals this thread's), and the clock stops while another
+        # process holds the core, so a busy machine does not read as a slower model.
+        started = time.thread_time()
+        interp.invoke()
+        self._invoked.append((n, time.thread_time() - started))
         if len(self.outputs) == 1:
             return from_model(self.output, interp.get_tensor(self.output.index)).reshape(n, -1)
         return np.concatenate([from_model(spec, interp.get_tensor(spec.index)).reshape(n, -1)
@@ -315,6 +332,7 @@ class Model:
         else:
             self.cost_per_sample_s = t_small / small
         self.cost_per_invoke_s = max(0.0, t_small - self.cost_per_sample_s * small)
+        self._invoked.clear()  # zeros, timed back to back: not what serving costs
 
     def _time(self, q: np.ndarray) -> float:
         """The best of a few timed invokes: up to _WARM_UP_ROUNDS, fewer for a model whose invokes

@@ -45,6 +45,9 @@ class Runner(Protocol):
     def infer_quantized(self, q: np.ndarray) -> np.ndarray:
         """A new array, the caller's to keep: the reuse fast path remembers a single row as is."""
         ...
+    def take_invokes(self) -> list[tuple[int, float]]:
+        """(batch size, CPU seconds) of each invoke since the last call: the fleet canary's measure."""
+        ...
 
 
 class ScoreCache(Protocol):

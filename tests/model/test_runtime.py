@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,27 @@ def test_plan_uses_full_buckets_then_the_remainder():
     model.cost_per_sample_s, model.cost_per_invoke_s = 1.0, 0.0
     assert model.plan(70) == [32, 32, 4, 2]
     assert Model(ACTIVITY, max_batch=12).buckets == (1, 2, 4, 8, 12)
+
+
+def test_each_invoke_is_timed_on_the_calling_threads_cpu_clock():
+    """take_invokes: (batch size, CPU seconds) of each invoke, in the plan's buckets; the warm-up's
+    are not kept. The invoke's work lands on the calling thread (threads: 1): over the invokes the
+    process spent no more CPU time than this thread did, so no pool thread worked unseen."""
+    model = Model(ROOT / "models/gunpoint/model.tflite", max_batch=8)  # ~0.4 ms an invoke: the invoke dominates
+    model.warm_up()
+    assert model.take_invokes() == []
+    q = np.zeros((11, *model.sample_shape), model.input.dtype)
+    invokes = []
+    thread_s, process_s = time.thread_time(), time.process_time()
+    for _ in range(20):
+        model.infer_quantized(q)
+        invokes += model.take_invokes()
+    thread_s, process_s = time.thread_time() - thread_s, time.process_time() - process_s
+    assert [size for size, _ in invokes[:len(model.plan(11))]] == model.plan(11)
+    assert len(invokes) == 20 * len(model.plan(11))
+    assert 0 < sum(cpu for _, cpu in invokes) <= thread_s
+    assert process_s <= thread_s * 1.1, (process_s, thread_s)
+    assert model.take_invokes() == []
 
 
 def test_wrong_input_shape_is_refused():
