@@ -63,14 +63,17 @@ class GateConfig:
 class CanaryConfig:
     duration_s: float = 60.0
     """After the swap, the new release is watched on live traffic for at least this long."""
-    min_answers: int = 100
+    min_answers: int = 200
     """... and at least this many answers from it, before it is called active. Without traffic
-    the canary waits (the reported doc says how far it is)."""
+    the canary waits (the reported doc says how far it is). 200 is what the PSI of a route and the
+    latency check each need of both releases; a canary that passes short of them says what it
+    did not judge (docs/fleet.md, "Canary")."""
     max_internal_rate: float = 0.01
     """Share of the new release's requests answered `internal`; above it, back to the previous."""
     max_latency_ratio: float = 2.0
-    """Invoke p99 of the new release against the previous release's on the same node; above it,
-    back to the previous."""
+    """The model's CPU time per sample (median per batch size) of the new release against the
+    previous release's on the same node; above it, back to the previous. CPU time, not the wall
+    clock: on a busy machine the wall clock rolled back identical bytes."""
     max_psi: float = 0.25
     """PSI of the new answers (top-1 classes, or anomaly scores) against the previous release's
     answers on the same live traffic (docs/drift.md); above it, back to the previous. null: not

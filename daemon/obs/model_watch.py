@@ -1,12 +1,14 @@
-"""Each model release's recent answers and invoke times, for the fleet canary (daemon/fleet/canary.py).
+"""Each model release's recent answers and invokes' CPU time, for the fleet canary (daemon/fleet/canary.py).
 
 Keyed by the sha256 prefix that every result carries (`model_sha256`), so an answer is
 credited to the release that made it even while a hot swap is under way (a batch in flight
-finishes on the old model). What the canary compares: the new release's answers and invoke
-times against the previous release's, on the same node's live traffic just before the swap.
+finishes on the old model). What the canary compares: the new release's answers and the CPU
+time of its invokes against the previous release's, on the same node's live traffic just before
+the swap. An invoke is kept as (batch size, CPU seconds per sample): a sample costs less in a
+larger batch, so the canary compares batch size with batch size (daemon/fleet/canary_cpu.py).
 
 Cost, when the fleet is on: under one lock per batch, a deque append per answer and one per
-batch's invoke. Off (no fleet): nothing is built and the replier skips it.
+invoke. Off (no fleet): nothing is built and the replier skips it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-# Answers and invoke times kept per release: enough for a PSI over ten bins (docs/drift.md:
-# two samples of one distribution read ~0.02 at 1,000 each) and a p99.
+# Answers and invokes kept per release: enough for a PSI over ten bins (docs/drift.md: two
+# samples of one distribution read ~0.02 at 1,000 each) and a median per batch size.
 WINDOW = 2000
 # Releases watched at most (the current, the previous, and one swap in flight).
 RELEASES = 4
@@ -28,10 +30,11 @@ WatchedAnswer = tuple[str, str, Optional[object], float]
 
 @dataclass(frozen=True)
 class ReleaseWindow:
-    """A copy of one release's window: the answers (route, label, score) and per-sample invoke seconds."""
+    """A copy of one release's window: the answers (route, label, score) and the invokes
+    (batch size, CPU seconds per sample)."""
 
     answers: tuple[tuple[str, Optional[object], float], ...]
-    invoke_s: tuple[float, ...]
+    invokes: tuple[tuple[int, float], ...]
     seen: int
     """Answers seen since the window was made (more than it holds once it is full)."""
 
@@ -39,7 +42,7 @@ class ReleaseWindow:
 class _Window:
     def __init__(self) -> None:
         self.answers: deque = deque(maxlen=WINDOW)
-        self.invoke_s: deque = deque(maxlen=WINDOW)
+        self.invokes: deque = deque(maxlen=WINDOW)
         self.seen = 0
 
 
@@ -66,12 +69,15 @@ class ModelWatch:
                 window.answers.append((route, index, score))
                 window.seen += 1
 
-    def invoke(self, sha: str, seconds: float, samples: int) -> None:
-        """One batch's invoke time on release `sha`, as seconds per sample."""
-        if samples <= 0:
+    def invoked(self, sha: str, invokes: Sequence[tuple[int, float]]) -> None:
+        """A batch's invokes on release `sha`: (batch size, CPU seconds) each (runtime.Model.take_invokes)."""
+        if not invokes:
             return
         with self._lock:
-            self._window(sha).invoke_s.append(seconds / samples)
+            window = self._window(sha)
+            for size, cpu_s in invokes:
+                if size > 0:
+                    window.invokes.append((size, cpu_s / size))
 
     def window(self, sha: str) -> ReleaseWindow:
         """A copy of release `sha`'s window (empty when it has answered nothing yet)."""
@@ -79,7 +85,7 @@ class ModelWatch:
             window = self._windows.get(sha)
             if window is None:
                 return ReleaseWindow((), (), 0)
-            return ReleaseWindow(tuple(window.answers), tuple(window.invoke_s), window.seen)
+            return ReleaseWindow(tuple(window.answers), tuple(window.invokes), window.seen)
 
     def forget(self, sha: str) -> None:
         """Start release `sha`'s window afresh (a canary starts: only what it answers from now counts)."""

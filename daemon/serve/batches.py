@@ -87,8 +87,8 @@ class BatchProcessor:
             outcome = self._escalate(pipe, group, requests, outcome, models)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
-        if self._watch is not None and outcome.stages.get("infer"):
-            self._watch.invoke(pipe.model_sha256[:SHA_PREFIX], outcome.stages["infer"], len(group))
+        if self._watch is not None:  # the invokes' CPU time (a cache hit or a reused answer ran none)
+            self._watch.invoked(pipe.model_sha256[:SHA_PREFIX], model.take_invokes())
         published = self._clock()
         tally = Tally()
         with self._replier.batch():

@@ -1,0 +1,80 @@
+"""The canary's latency measure: the new release's CPU time per sample against the previous release's.
+
+What is compared, and why not the wall clock:
+- each invoke's CPU time on the worker's own thread (`time.thread_time()` around `invoke()`,
+  daemon/model/runtime.py). The invoke runs on the calling thread (litert with `threads: 1`: the
+  process's CPU time over invokes is that thread's), and the clock stops while another process
+  holds the core. The wall clock does not: three nodes on one 2-core machine gave byte-identical
+  releases invoke-p99 ratios of 0.33-2.22 (4 rollbacks in about 30 canaries), and in
+  tests/fleet/test_canary_cpu.py (a busy loop per core, on and off) 0.02-47x, 4 to 7 of 30 over 2;
+- per batch size: a sample costs less in a larger batch (activity: 12 us alone, 6.9 us each in a
+  batch of 8), and a busy node batches more, so a mix of sizes would read as a change of model.
+  For each batch size that both releases ran at least BUCKET_MIN_INVOKES times, the ratio of the
+  median CPU time per sample; the ratios are averaged (geometrically) weighted by the invokes they
+  compare;
+- the median: an interrupt or a context switch inside an invoke still lands on its clock (and a
+  colder cache after it), in a minority of invokes, which the median does not see.
+What still moves it: the machine's other work slowing the core itself (a shared cache, a sibling
+hyperthread of the host, the clock frequency). Measured there: identical bytes 0.79-1.25x over 30
+canaries (three runs: at most 1.25x), a build doing the activity graph five times with the same
+answers (tools/slower_build.py; 3.4x alone at batch 1) 2.53-3.92x; on three daemons with a busy
+loop per core, 0.74-1.02x and 2.67-2.89x. So `max_latency_ratio` 2 rolls back what costs about
+2.5x and more, and a ratio much below 1.5 would roll back identical bytes on a shared box.
+
+With `threads` > 1 the calling thread's own share is measured (it works with the pool and then
+waits); both releases run with the model's one `threads` setting, so like is compared with like.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+# Invokes compared before a ratio is judged (summed over the batch sizes). The median of CPU time
+# per sample is steady long before a p99 is: windows of 20, 100 and 1,000 invokes gave identical
+# bytes the same spread (0.81-1.25x), which is the machine's, not the sample's.
+LATENCY_MIN_INVOKES = 100
+# Invokes of one batch size in each release before that size takes part: a median of fewer is one
+# or two invokes' worth.
+BUCKET_MIN_INVOKES = 10
+
+
+@dataclass(frozen=True)
+class CpuRatio:
+    ratio: Optional[float]
+    """None until LATENCY_MIN_INVOKES are compared."""
+    compared: int
+    """Invokes compared: per batch size, the fewer of the two releases'."""
+    new: int
+    previous: int
+    """Each release's invokes in its window."""
+
+
+def cpu_ratio(new: Sequence[tuple[int, float]], previous: Sequence[tuple[int, float]]) -> CpuRatio:
+    """The new release's CPU time per sample over the previous one's, from (batch size, CPU seconds
+    per sample) per invoke (daemon/obs/model_watch.py)."""
+    after, before = _by_size(new), _by_size(previous)
+    logs, weights = [], []
+    for size in sorted(after.keys() & before.keys()):
+        n = min(len(after[size]), len(before[size]))
+        then = float(np.median(before[size]))
+        if n < BUCKET_MIN_INVOKES or then <= 0:
+            continue
+        logs.append(math.log(max(float(np.median(after[size])), 1e-12) / then))
+        weights.append(n)
+    compared = sum(weights)
+    ratio = None
+    if compared >= LATENCY_MIN_INVOKES:
+        ratio = math.exp(sum(w * x for w, x in zip(weights, logs)) / compared)
+    return CpuRatio(ratio, compared, len(new), len(previous))
+
+
+def _by_size(invokes: Sequence[tuple[int, float]]) -> dict[int, list[float]]:
+    sizes: dict[int, list[float]] = defaultdict(list)
+    for size, per_sample_s in invokes:
+        sizes[size].append(per_sample_s)
+    return sizes
