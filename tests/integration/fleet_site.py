@@ -23,6 +23,8 @@ from tests.integration.conftest import ROOT, Client, activity_payloads
 ACTIVITY = ROOT / "models/activity"
 # A second build of the activity model (a float32 interface, the same task): a release with another sha256.
 ACTIVITY_FLOAT_IO = ROOT / "tests/fixtures/activity_float_io"
+# A build that does the activity graph five times, with the same answers (tools/slower_build.py).
+SLOWER = ROOT / "tests/fixtures/activity_x3"
 GUNPOINT = ROOT / "models/gunpoint"
 
 

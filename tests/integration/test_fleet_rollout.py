@@ -23,7 +23,8 @@ import pytest
 from daemon.fleet import controller
 from daemon.fleet.controller import RolloutOptions, StatusOptions
 from tests.integration.conftest import ROOT, WAIT_S, Client, activity_payloads, burst
-from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, Site, Traffic, permuted, reported,
+from tests.busy import BusyLoops
+from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, SLOWER, Site, Traffic, permuted, reported,
                                           requests_topic, results_topic)
 
 pytestmark = pytest.mark.integration
@@ -261,3 +262,69 @@ def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first
     for node in NODES:
         entry = reported(client, node, lambda m: m["state"] == "rolled_back")["models"][MODEL]
         assert entry["serial"] == 2 and entry["rejected"][-1]["code"] == "operator"
+
+
+# A canary that reaches the minimums of both checks (daemon/fleet/canary.py, canary_cpu.py): 200
+# answers of each release for a route's PSI, 100 invokes compared for the latency.
+JUDGING_CANARY = {"duration_s": 1, "min_answers": 200}
+PREVIOUS_ANSWERS = 200  # each node's answers on the running release before the rollout starts
+
+
+def _judged(entry: dict) -> dict:
+    canary = entry["canary"]
+    assert canary["not_judged"] == [] and canary["latency_ratio"] is not None and canary["psi"] is not None, canary
+    return canary
+
+
+def _rollout_under_load(client: Client, load: BusyLoops, options: RolloutOptions) -> tuple[int, str]:
+    """`fleet rollout` (waves 100%), the busy loops on from the moment every node's canary runs
+    until the rollout is over: the gates (nice 10) need not wait for them."""
+    result: dict = {}
+
+    def run() -> None:
+        out = io.StringIO()
+        result["code"], result["out"] = controller.rollout(options, out), out.getvalue()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        for node in NODES:
+            reported(client, node, lambda m: m["serial"] == options.serial or m["state"] in ("failed", "rolled_back"))
+        load.set(True)
+        thread.join(WAVE_TIMEOUT_S * 2)
+    finally:
+        load.set(False)
+    return result.get("code", -1), result.get("out", "the rollout did not end")
+
+
+def test_on_three_busy_nodes_identical_bytes_pass_a_judged_canary_and_a_slower_build_is_rolled_back(
+        site, fleet, broker, client):
+    """The issue's site: three nodes on one 2-core machine, here with a busy loop on each core
+    besides during the canaries (tests/busy.py). A release of the very bytes that run passes every
+    node's canary with latency and PSI judged; a build doing the graph five times with the same
+    answers (tests/fixtures/activity_x3) is rolled back by every node's canary, on its CPU time
+    alone. `on_abort: halt`: the controller leaves the desired documents, so each node's own
+    canary decides."""
+    fleet(**{node: {"canary": JUDGING_CANARY} for node in NODES})
+    same, slower = site.release(2, "1.0.1"), site.release(3, "1.1.0", SLOWER)
+    traffic = Traffic(client, NODES, batch=1, every_s=0.01)  # one by one: an invoke per answer, as a quiet site
+    started = time.monotonic()
+    try:
+        for node in NODES:
+            client.wait_count(results_topic(node), PREVIOUS_ANSWERS)
+        with BusyLoops() as load:
+            code, out = _rollout_under_load(client, load, options(broker, same, 2, waves="100%"))
+            assert code == 0, out
+            passed = [_judged(reported(client, node, lambda m: m["state"] == "active" and m["serial"] == 2)
+                              ["models"][MODEL]) for node in NODES]
+            code, out = _rollout_under_load(client, load, options(broker, slower, 3, waves="100%", on_abort="halt"))
+            assert code == 1, out
+            failed = [reported(client, node, lambda m: m["state"] == "rolled_back")["models"][MODEL] for node in NODES]
+    finally:
+        traffic.stop()
+    print(f"identical bytes on three busy nodes: CPU time per sample {[c['latency_ratio'] for c in passed]}x, "
+          f"PSI {[c['psi'] for c in passed]}, {[c['latency_invokes'] for c in passed]} invokes compared; "
+          f"the slower build: {[e['canary']['latency_ratio'] for e in failed]}x; {time.monotonic() - started:.1f} s")
+    for entry in failed:
+        assert entry["serial"] == 2 and entry["error"]["code"] == "canary", entry
+        assert "CPU time per sample" in entry["error"]["message"] and entry["rejected"][-1]["serial"] == 3, entry
