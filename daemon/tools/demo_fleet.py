@@ -4,7 +4,8 @@ Three daemons (gw1, gw2, gw3) on one private mosquitto, each serving the bundled
 as a managed model on a topic of its own. A signing key and a release server (http.server on a
 free port) in a temporary directory, with two signed releases of the model:
 - 1.1.0: another build of it (a float32 interface, the same answers), rolled out in waves
-  1, 2, 100% while each node gets live traffic for its canary;
+  1, 2, 100% while each node gets live traffic for its canary, long enough for the canary to
+  judge both the CPU time per sample and the PSI of the answers (the status table shows them);
 - 1.2.0: the same model with its labels permuted, as a packaging mistake would ship it. The
   first wave's node measures it on its own validate data through the release's labels, its
   gate refuses it, and the rollout aborts before any other node hears of it.
@@ -39,9 +40,13 @@ ROOT = Path(__file__).resolve().parents[2]
 ACTIVITY = ROOT / "models/activity"
 SECOND_BUILD = ROOT / "tests/fixtures/activity_float_io"  # ships in the sdist's tests; the demo runs from a checkout
 NODES = ("gw1", "gw2", "gw3")
-# Each node's live traffic while a rollout runs: enough answers for a short canary.
-TRAFFIC_PER_S = 40.0
-DEMO_CANARY = {"duration_s": 3, "min_answers": 30}
+# Each node's live traffic while a rollout runs, one request at a time (an invoke each).
+TRAFFIC_PER_S = 100.0
+# A canary that reaches both checks' minimums (daemon/fleet/canary.py): 200 answers of each
+# release for the PSI, 100 invokes compared for the CPU time per sample. The previous release's
+# come from before the swap: the rollout starts once every node has answered WARM_ANSWERS.
+DEMO_CANARY = {"duration_s": 2, "min_answers": 200}
+WARM_ANSWERS = 200
 _READY_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 20.0
 
@@ -70,12 +75,17 @@ def node_config(directory: Path, client_id: str, trusted_key: str, validate: boo
 
 
 class Traffic:
-    """Each node's sensor, in a thread: the activity test windows, round robin, at TRAFFIC_PER_S."""
+    """Each node's sensor, in a thread: the activity test windows, round robin, at TRAFFIC_PER_S;
+    the answers counted per node."""
 
     def __init__(self, broker: Broker, nodes: tuple[str, ...]):
         with np.load(ACTIVITY / "test.npz") as data:
             self._windows = [np.round(x, 3).tolist() for x in data["x"]]
+        self._answered = {node: 0 for node in nodes}
+        self._cond = threading.Condition()
         self._client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        self._client.on_message = self._on_answer
+        self._client.on_connect = lambda c, *a: c.subscribe("results/+/wrist/activity", qos=1)
         self._client.connect("127.0.0.1", broker.port)
         self._client.loop_start()
         self._nodes = nodes
@@ -90,6 +100,17 @@ class Traffic:
                 payload = json.dumps({"id": n, "data": self._windows[n % len(self._windows)]})
                 self._client.publish(f"sensors/{node}/wrist/imu", payload, qos=1)
             n += 1
+
+    def _on_answer(self, client, userdata, msg) -> None:
+        with self._cond:
+            self._answered[msg.topic.split("/")[1]] += 1
+            self._cond.notify_all()
+
+    def wait_answered(self, n: int) -> None:
+        """Until every node has answered `n` requests (the running release's window for the canary)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: min(self._answered.values()) >= n, _READY_TIMEOUT_S):
+                raise RuntimeError(f"answers {self._answered}: not {n} each within {_READY_TIMEOUT_S:g} s")
 
     def close(self) -> None:
         self._stop.set()
@@ -165,6 +186,7 @@ def _wait_online(broker: Broker, nodes: tuple[str, ...]) -> None:
 def _rollouts(broker: Broker, good: str, bad: str) -> bool:
     traffic = Traffic(broker, NODES)
     try:
+        traffic.wait_answered(WARM_ANSWERS)
         print("\n$ edge-inferd fleet rollout --model activity --release .../activity/2/ --serial 2 --waves 1,2,100%")
         started = time.monotonic()
         first = controller.rollout(controller.RolloutOptions(broker.address, "activity", good, 2, waves="1,2,100%",
