@@ -77,7 +77,7 @@ def _gate(gate: Optional[dict]) -> str:
 
 def _canary(canary: Optional[dict]) -> str:
     """`812/200 41/60s psi 0.012 lat x1.04`: answers so far of those it needs, seconds so far of its
-    duration, drift and invoke p99 against the previous release (`-` until judged)."""
+    duration, drift and CPU time per sample against the previous release (`-` until judged)."""
     if not canary:
         return NO_VALUE
     answers = f"{_text(canary.get('answers'))}/{_text(canary.get('min_answers'))}"
