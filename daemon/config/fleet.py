@@ -71,7 +71,7 @@ class CanaryConfig:
     max_internal_rate: float = 0.01
     """Share of the new release's requests answered `internal`; above it, back to the previous."""
     max_latency_ratio: float = 2.0
-    """The model's CPU time per sample (median per batch size) of the new release against the
+    """The model's CPU time per sample (10th percentile per batch size) of the new release against the
     previous release's on the same node; above it, back to the previous. CPU time, not the wall
     clock: on a busy machine the wall clock rolled back identical bytes."""
     max_psi: float = 0.25

@@ -3,7 +3,7 @@
 Pure: it reads two release windows (daemon/obs/model_watch.py) and the internal-error count
 since the swap, and says `pass`, `fail` (with why) or `wait`. Judged:
 - internal errors: their share of the new release's requests, at most `max_internal_rate`;
-- latency: the model's CPU time per sample, median per batch size, against the previous
+- latency: the model's CPU time per sample, a low quantile per batch size, against the previous
   release's, at most `max_latency_ratio` (canary_cpu.py says why CPU time and not the wall clock:
   a busy machine must not roll back identical bytes); judged once LATENCY_MIN_INVOKES are compared;
 - answers: PSI of the new release's answers against the previous release's last answers before
@@ -57,8 +57,8 @@ def judge(config: CanaryConfig, new: ReleaseWindow, previous: ReleaseWindow, int
     cpu = cpu_ratio(new.invokes, previous.invokes)
     figures.update(latency_ratio=None if cpu.ratio is None else round(cpu.ratio, 3), latency_invokes=cpu.compared)
     if cpu.ratio is not None and cpu.ratio > config.max_latency_ratio:
-        return Verdict(FAIL, f"CPU time per sample is {cpu.ratio:.2f}x the previous release's (median per batch "
-                       f"size, {cpu.compared} invokes compared; fleet.canary.max_latency_ratio "
+        return Verdict(FAIL, f"CPU time per sample is {cpu.ratio:.2f}x the previous release's (10th percentile per "
+                       f"batch size, {cpu.compared} invokes compared; fleet.canary.max_latency_ratio "
                        f"{config.max_latency_ratio:g})", figures)
     by_route = {route: _route_answers(new, previous, route) for route in routes}
     judged = [(route, value) for route, (value, _, _) in by_route.items() if value is not None]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 # Answers and invokes kept per release: enough for a PSI over ten bins (docs/drift.md: two
-# samples of one distribution read ~0.02 at 1,000 each) and a median per batch size.
+# samples of one distribution read ~0.02 at 1,000 each) and a quantile per batch size.
 WINDOW = 2000
 # Releases watched at most (the current, the previous, and one swap in flight).
 RELEASES = 4
