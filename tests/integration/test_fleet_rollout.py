@@ -5,7 +5,8 @@ gate, canary and reported documents.
 
 The canary needs live answers (`canary.min_answers` 30 over `duration_s` 1): a `Traffic` thread
 feeds every node's request topic while a rollout runs, as a site's sensors would. min_answers 0
-would skip the very step whose timing a rollout's figure is about.
+would skip the very step whose timing a rollout's figure is about. The good rollout and the
+busy-nodes test run canaries long enough to judge latency and PSI (JUDGING_CANARY), and say so.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ MODEL = "activity"
 RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
 DESIRED = "edge-inferd/fleet/desired/node/"
 WAVE_TIMEOUT_S = 120.0  # bounds a failing test only: a node's whole install takes seconds
+# A canary that reaches the minimums of both checks (daemon/fleet/canary.py, canary_cpu.py): 200
+# answers of each release for a route's PSI, 100 invokes compared for the latency; the previous
+# release's are its answers before the swap, so each node answers PREVIOUS_ANSWERS first, and the
+# requests go one at a time (an invoke per answer, as at a quiet site).
+JUDGING_CANARY = {"duration_s": 1, "min_answers": 200}
+PREVIOUS_ANSWERS = 200
+
+
+def judging_traffic(client: Client) -> "Traffic":
+    """Traffic for JUDGING_CANARY, once every node has answered PREVIOUS_ANSWERS on what it runs."""
+    traffic = Traffic(client, NODES, batch=1, every_s=0.01)
+    for node in NODES:
+        client.wait_count(results_topic(node), PREVIOUS_ANSWERS)
+    return traffic
 
 
 @pytest.fixture
@@ -97,21 +112,24 @@ def assert_all_active(client: Client, serial: int) -> None:
 
 
 def test_a_good_release_rolls_out_to_three_real_nodes_and_status_lists_them(site, fleet, broker, client):
-    fleet()
+    fleet(**{node: {"canary": JUDGING_CANARY} for node in NODES})
     url = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO)
-    traffic = Traffic(client, NODES)
+    traffic = judging_traffic(client)
     out = io.StringIO()
     started = time.monotonic()
     try:
         code = controller.rollout(options(broker, url, 2, version="1.1.0"), out)
     finally:
         traffic.stop()
-    print(f"a three-node rollout's time (waves 1,2,100%, canary 1 s / 30 answers): {time.monotonic() - started:.2f} s")
+    print(f"a three-node rollout's time (waves 1,2,100%, canary 1 s / 200 answers, latency and PSI judged): "
+          f"{time.monotonic() - started:.2f} s")
     assert code == 0, out.getvalue()
     done = record(client, lambda r: r["state"] == "completed")
     assert done["assigned"] == {"gw1": 0, "gw2": 1, "gw3": 2}
     assert done["result"] == {node: "active" for node in NODES}
     assert_all_active(client, 2)
+    for node in NODES:
+        _judged(reported(client, node, lambda m: m["state"] == "active")["models"][MODEL])
     assert {node: desired_revs(client, node) for node in NODES} == {node: [1] for node in NODES}
     text = out.getvalue()
     for line in ("wave 1/3: gw1", "gw1: canary", "gw1: active serial 2", "wave 3/3 passed",
@@ -264,11 +282,6 @@ def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first
         assert entry["serial"] == 2 and entry["rejected"][-1]["code"] == "operator"
 
 
-# A canary that reaches the minimums of both checks (daemon/fleet/canary.py, canary_cpu.py): 200
-# answers of each release for a route's PSI, 100 invokes compared for the latency.
-JUDGING_CANARY = {"duration_s": 1, "min_answers": 200}
-PREVIOUS_ANSWERS = 200  # each node's answers on the running release before the rollout starts
-
 
 def _judged(entry: dict) -> dict:
     canary = entry["canary"]
@@ -307,11 +320,9 @@ def test_on_three_busy_nodes_identical_bytes_pass_a_judged_canary_and_a_slower_b
     canary decides."""
     fleet(**{node: {"canary": JUDGING_CANARY} for node in NODES})
     same, slower = site.release(2, "1.0.1"), site.release(3, "1.1.0", SLOWER)
-    traffic = Traffic(client, NODES, batch=1, every_s=0.01)  # one by one: an invoke per answer, as a quiet site
     started = time.monotonic()
+    traffic = judging_traffic(client)
     try:
-        for node in NODES:
-            client.wait_count(results_topic(node), PREVIOUS_ANSWERS)
         with BusyLoops() as load:
             code, out = _rollout_under_load(client, load, options(broker, same, 2, waves="100%"))
             assert code == 0, out
