@@ -8,6 +8,7 @@ float32 interface (another sha256, the same answers), signed by `fleet sign`'s o
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -65,6 +66,12 @@ def test_a_release_goes_from_desired_to_active_and_serves(site, start_daemon, cl
     assert entry["version"] == "1.1.0" and entry["previous"] is None and entry["rejected"] == []
     assert entry["gate"]["passed"] and entry["gate"]["routes"]["activity"]["metric"] == "accuracy"
     assert entry["canary"]["answers"] >= 30
+    canary = entry["canary"]  # 20 answers before the swap and 30 after: short of both minimums, and it says so
+    assert canary["latency_ratio"] is None and canary["psi"] is None
+    assert re.fullmatch(r"latency: \d+ of 100 invokes compared \(new release \d+, previous \d+\)",
+                        canary["not_judged"][0]), canary
+    assert re.fullmatch(r"PSI of route 'activity': \d+ of 200 answers \(new release \d+, previous 20\)",
+                        canary["not_judged"][1]), canary
     assert (tmp_path / "gw1/store/activity/current").resolve().name == "2"
 
 
