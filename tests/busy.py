@@ -9,11 +9,16 @@ import subprocess
 import sys
 
 
+# Each loop asks Linux for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG), stopped or not:
+# a test killed outright leaves no loop behind.
+_LOOP = ("import ctypes, signal\ntry:\n    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\nexcept (OSError, AttributeError):\n"
+         "    pass\nwhile True:\n    pass\n")
+
+
 class BusyLoops:
     def __init__(self, busy: bool = False, count: int = 0):
         """`count`: loops (0: one per core)."""
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                      for _ in range(count or os.cpu_count() or 2)]
+        self.procs = [subprocess.Popen([sys.executable, "-c", _LOOP]) for _ in range(count or os.cpu_count() or 2)]
         self.set(busy)
 
     def set(self, busy: bool) -> None:
