@@ -20,8 +20,9 @@ What is compared, and why not the wall clock:
   read the five-fold build 2.09x once, next to the rollback line; the 10th percentile is the cost
   of an invoke that met a warm core, which the machine's state moves least.
 What still moves it: the machine's other work slowing the core itself (a shared cache, a sibling
-hyperthread of the host, the clock frequency). Measured there (two runs each): identical bytes
-0.80-1.19x over 30 canaries, a build doing the activity graph five times with the same answers
+hyperthread of the host, the clock frequency). Measured there, 30 canaries a run: identical bytes
+0.80-1.19x in two runs and 0.92-1.38x in a third with the machine's other users busy (load
+average 5 on 2 cores), a build doing the activity graph five times with the same answers
 (tools/slower_build.py; 3.4x alone at batch 1) 2.63-3.91x; on three daemons with a busy loop per
 core during the canaries (tests/integration/test_fleet_rollout.py), 0.73-1.00x and 2.52-3.22x.
 So `max_latency_ratio` 2 rolls back what costs about 2.5x and more, and a ratio much below 1.5
