@@ -292,12 +292,9 @@ class NativeLink(LinkCommon):
     def _serve(self, conn: Connection) -> None:
         while not self._stop.is_set():
             self._send_out(conn)
-            # Publishes wait for PUBACKs: a silent broker is nudged, but not while reading is held (the
-            # PINGRESP would be read for, and a burst of requests with it, past the byte budget).
-            may_read = self._may_read()
-            waiting = may_read and self._window.unacked > 0
+            waiting = self._window.unacked > 0  # publishes wait for PUBACKs: a silent broker is nudged
             due = [t for t in (self._held.due(), conn.nudge_due() if waiting else None) if t is not None]
-            readable, woken = conn.wait(may_read, min(due, default=None))
+            readable, woken = conn.wait(self._may_read(), min(due, default=None))
             if woken:
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:

@@ -67,6 +67,7 @@ class Connection:
         self.last_in = self.last_out = clock()
         self._ping_at: Optional[float] = None
         self.nudges = 0  # PINGREQs sent by nudge()
+        self._nudged_at = 0.0
 
     def wait(self, reads: bool = True, until: Optional[float] = None) -> tuple[bool, bool]:
         """Until the socket is readable (when `reads`, or a PINGREQ is unanswered), writable (when
@@ -140,17 +141,19 @@ class Connection:
             return PINGREQ
         return None
 
-    def nudge_due(self) -> Optional[float]:
-        """When nudge() would send if nothing comes in before; None while a PINGREQ is out."""
-        return None if self._ping_at is not None else self.last_in + NUDGE_S
+    def nudge_due(self) -> float:
+        """When nudge() would send, if nothing comes in before."""
+        return max(self.last_in, self._nudged_at) + NUDGE_S
 
     def nudge(self) -> Optional[bytes]:
-        """PINGREQ when the broker has been silent for NUDGE_S (the caller waits on it) and no
-        PINGREQ is out; the keepalive's rule then applies to it: no PINGRESP, the link is dead."""
-        now, due = self._clock(), self.nudge_due()
-        if due is None or now < due:
+        """PINGREQ when the broker has been silent for NUDGE_S (the caller waits on it), at most once
+        per NUDGE_S. Unlike keepalive()'s it is not read for: while reading is held, reading for its
+        PINGRESP would read the requests before it, past the byte budget; the keepalive still
+        judges whether the broker is alive."""
+        now = self._clock()
+        if now < self.nudge_due():
             return None
-        self._ping_at = now
+        self._nudged_at = now
         self.nudges += 1
         return PINGREQ
 
@@ -176,7 +179,7 @@ class Connection:
 
     def _is_pong(self, packet: object) -> bool:
         if isinstance(packet, mqtt5.PingRespPacket):
-            self._ping_at = None
+            self._ping_at = None  # a nudge's PINGRESP answers an outstanding keepalive PINGREQ as well
             return True
         return False
 
