@@ -102,6 +102,9 @@ class NativeLink(LinkCommon):
         self._flusher = OutboxFlusher(outbox, self._flush, self.connected) if outbox is not None else None
         self._held = SafeAck(min(receive_maximum or REPLY_WINDOW, config.outbox.broker_window), self._acks,
                              self._lock, self._window, self._safe, outbox, self._flusher, self.ack)
+        # Requests read and not yet acked, at most: our ReceiveMaximum (a broker that overruns it is
+        # not read from until we are back under it, module doc).
+        self._unacked_limit = receive_maximum or REPLY_WINDOW
 
     # -- the interface the daemon uses (mqtt.MqttLink's) --
 
@@ -294,7 +297,7 @@ class NativeLink(LinkCommon):
             self._send_out(conn)
             waiting = self._window.unacked > 0  # publishes wait for PUBACKs: a silent broker is nudged
             due = [t for t in (self._held.due(), conn.nudge_due() if waiting else None) if t is not None]
-            readable, woken = conn.wait(self._may_read(), min(due, default=None))
+            readable, woken = conn.wait(self._reads(), min(due, default=None))
             if woken:
                 self._wakeup.drained()  # before `_out` is taken, at the top of the next pass
             if readable:
@@ -304,6 +307,13 @@ class NativeLink(LinkCommon):
             if ping is not None:
                 with self._lock:
                     self._write(ping)
+
+    def _reads(self) -> bool:
+        """Whether the socket is read now: the byte budget has room, and fewer requests than our
+        ReceiveMaximum wait for their acks, unless only reading can move them (safe_ack.py)."""
+        if not self._may_read():
+            return False
+        return self._acks.waiting < self._unacked_limit or not self._held.can_relieve
 
     def _send_out(self, conn: Connection) -> None:
         with self._lock:

@@ -75,6 +75,12 @@ class SafeAck:
         self._since: Optional[float] = None  # when the held state was first seen with no PUBACK since
         self.acks = 0  # requests acked once their replies were on disk, not PUBACKed
         self.flushes = 0  # times the held window was relieved
+        self._failed = False  # the last relief could not store its replies (disk error, outbox full)
+
+    @property
+    def can_relieve(self) -> bool:
+        """Whether a held window can be relieved here: an outbox, and the last relief stored its rows."""
+        return self._outbox is not None and self.window > 0 and not self._failed
 
     def heard(self) -> None:
         """A PUBACK came (the network thread): the broker is confirming, the window is not held."""
@@ -106,13 +112,16 @@ class SafeAck:
         try:
             rows = self._outbox.put_rows([(o.topic, o.payload, o.correlation_data) for o in outs])
         except (OSError, sqlite3.Error) as exc:
+            self._failed = True
             self._log.warning("store", "outbox %s: cannot store %d replies of a held window (%s); their "
                               "requests wait for the broker", self._outbox.path, len(outs), exc)
             return
         if not rows:
+            self._failed = True
             self._log.warning("full", "outbox %s is too full for the %d replies of a held window; their "
                               "requests wait for the broker", self._outbox.path, len(outs))
             return
+        self._failed = False
         self._flusher.adopt(rows)
         by_owner = {id(out.owner): row for out, row in zip(outs, rows)}
         with self._lock:
