@@ -53,6 +53,7 @@ class LinkCommon:
     reconnects: int  # times the daemon came back online after the first time
     acks_after_outbox = 0  # the native link's safe_ack.py; the paho link never acks on the disk's word
     nudges = 0  # the native link's PINGREQs to a broker silent while replies waited (native_conn.py)
+    unacked_holds = 0  # the native link's: times it stopped reading at ReceiveMaximum requests unacked
 
     def open_intake(self) -> None:
         """Subscribe now if connected, and on every (re)connect; then announce `online`."""
@@ -91,7 +92,7 @@ class LinkCommon:
     def outbox_state(self) -> dict:
         """The stats' `outbox`: the publishes the broker has not confirmed, and the on-disk outbox's rows."""
         state = {"unconfirmed": self.unconfirmed_replies, "acks_after_outbox": self.acks_after_outbox,
-                 "nudges": self.nudges}
+                 "nudges": self.nudges, "unacked_holds": self.unacked_holds}
         if self.outbox is not None:
             state.update(self.outbox.snapshot())
         return state

@@ -105,6 +105,8 @@ class NativeLink(LinkCommon):
         # Requests read and not yet acked, at most: our ReceiveMaximum (a broker that overruns it is
         # not read from until we are back under it, module doc).
         self._unacked_limit = receive_maximum or REPLY_WINDOW
+        self._held_unacked = False
+        self.unacked_holds = 0  # times reading stopped at that limit (stats `outbox.unacked_holds`)
 
     # -- the interface the daemon uses (mqtt.MqttLink's) --
 
@@ -313,7 +315,11 @@ class NativeLink(LinkCommon):
         ReceiveMaximum wait for their acks, unless only reading can move them (safe_ack.py)."""
         if not self._may_read():
             return False
-        return self._acks.waiting < self._unacked_limit or not self._held.can_relieve
+        held = self._acks.waiting >= self._unacked_limit and self._held.can_relieve
+        if held and not self._held_unacked:
+            self.unacked_holds += 1
+        self._held_unacked = held
+        return not held
 
     def _send_out(self, conn: Connection) -> None:
         with self._lock:

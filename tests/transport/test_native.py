@@ -272,6 +272,61 @@ def test_native_keeps_within_the_brokers_receive_maximum_and_queues_the_rest(bro
         link.stop()
 
 
+def test_native_reads_no_more_requests_than_its_receive_maximum_while_they_wait_unacked(broker, relay, tmp_path):
+    """mosquitto 2.0.11 moves up to a client's ReceiveMaximum queued messages into flight on every
+    in-order PUBACK, so past the first ack it writes all it holds. A link that read on held ~99,000
+    requests unacked at 2x overload, and the broker's count for it passed max_queued_messages:
+    "Outgoing messages are being dropped" (tests/integration/test_overload.py). The native link
+    reads only while fewer than its ReceiveMaximum wait for their acks; a held window of answered
+    requests is relieved through the outbox (safe_ack.py). Each burst must arrive while fewer than
+    that many were read and not answered (one burst may overshoot)."""
+    limit, n, size = 16, 160, 4096  # 4 KiB each: a 256 KiB read burst holds 64, fewer than the rest
+    received: list[Inbound] = []
+    answered: list[Inbound] = []
+    early: list[int] = []  # read and unanswered when a burst came, where that was `limit` or more
+    cond = threading.Condition()
+
+    def on_burst(burst) -> None:
+        with cond:
+            if len(received) - len(answered) >= limit:
+                early.append(len(received) - len(answered))
+            received.extend(burst)
+            cond.notify_all()
+
+    def answer_all() -> None:
+        with cond:
+            todo = received[len(answered):]
+            answered.extend(todo)  # before the replies: a request is acked only after its reply
+        for m in todo:
+            link.reply("out/r", b"re:" + m.payload[:4], m)
+
+    config = MqttConfig(broker=relay.address, client_id="link-under-test", session_expiry_s=0)
+    link = NativeLink(config, ["in/+"], on_burst, receive_maximum=limit, outbox=Outbox(tmp_path / "outbox", 1 << 24))
+    _serve(link)
+    client = Client(broker)
+    try:
+        client.subscribe("out/r")
+        for k in range(n):
+            client.publish("in/a", b"%04d" % k + bytes(size))
+        with cond:
+            assert cond.wait_for(lambda: len(received) >= limit, WAIT_S)  # what it sends before any ack
+        answer_all()  # in-order PUBACKs: mosquitto now writes the rest at once
+        assert relay.wait_for(lambda ev: sum(p.topic == "in/a" for p in _of(ev, DOWN, mqtt5.PublishPacket)) >= n)
+        deadline = time.monotonic() + WAIT_S
+        while link.unacked_holds < 1 and time.monotonic() < deadline:
+            link.online.wait(0.01)  # polled: a counter has no event; the limit bounds a failure
+        assert link.unacked_holds >= 1, f"the link read {len(received)} of {n} with {len(answered)} answered"
+        while len(answered) < n:
+            with cond:
+                assert cond.wait_for(lambda: len(received) > len(answered), WAIT_S), (len(received), n)
+            answer_all()
+        assert not early, f"bursts came with {early} read and unanswered (limit {limit})"
+        assert sorted(m.payload for m in client.wait_count("out/r", n)) == [b"re:%04d" % k for k in range(n)]
+    finally:
+        client.close()
+        link.stop()
+
+
 def test_a_v5_request_reaches_intake_with_its_expiry_response_topic_and_correlation(broker, relay):
     got, arrived = [], threading.Event()
     link = _link(NativeLink, relay, on_burst=lambda burst: (got.extend(burst), arrived.set()))
