@@ -8,6 +8,10 @@ round (the loss came in half the runs), each round's persistent session ended af
 Before the native link nudged a silent broker (daemon/transport/native_conn.py, NUDGE_S), 4 of 4
 rounds of 80,000 at 8,000/s stalled here with 1,309-6,266 results: mosquitto held the PUBACKs of
 the daemon's replies until the daemon wrote again, and the daemon, waiting for them, wrote nothing.
+Before it read no more than its ReceiveMaximum of unacked requests (native.py, `_reads`), the first
+round lost 10,586 of 121,154: mosquitto wrote its whole backlog to the daemon, which held ~99,000
+requests unacked, and past max_queued_messages the broker dropped the rest (docs/reliability.md,
+"A broker that goes quiet").
 """
 
 from __future__ import annotations
