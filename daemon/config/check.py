@@ -7,6 +7,7 @@ yields one message, never a cascade of follow-on errors.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Optional
 
 from daemon.config.model_files import Labels, open_model, read_labels
@@ -17,6 +18,8 @@ from daemon.errors import DaemonError, ModelError
 from daemon.model import preprocess
 from daemon.model.crash_probe import crash_loading
 from daemon.model.runtime import Model, resolve_backend
+
+logger = logging.getLogger(__name__)
 
 
 def cross_check(r: Reader, config: Config, check_models: bool) -> None:
@@ -99,6 +102,9 @@ def _check_models(r: Reader, config: Config) -> None:
                 if crash is not None:  # tflite-runtime does not verify a model: a bad one kills the loader
                     raise ModelError(mc.path, crash)
                 loaded[name] = open_model(config, name, max_batch=1)
+                note = loaded[name].interface.float_note(name)
+                if note is not None:  # check-config and the daemon's start-up say it, once
+                    logger.info(note)
             except (ModelError, DaemonError) as exc:
                 r.error(m, "path", p, str(exc))
         if mc.labels is not None and r.ok(f"{p}.labels"):

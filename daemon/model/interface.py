@@ -6,11 +6,13 @@ guess of the model's kind, so a user with a file and no idea what it wants learn
 
 Served: one input tensor, int8 or uint8 (quantized: the daemon quantizes real values with
 the tensor's scale and zero point) or float32 (an INT8 model with a float interface, whose
-graph quantizes itself); any number of outputs, integer ones dequantized. Refused:
+graph quantizes itself, or a float model); any number of outputs, integer ones dequantized.
+A float model (no quantized tensor: float32 weights, or float16 ones that DEQUANTIZE to float32,
+as MediaPipe ships them) is served as it is, and said so once (`float_note`): INT8 is the fast
+path, and `validate --float-model` compares an INT8 build with it. Refused:
 - several inputs (one request is one tensor);
 - stateful streaming models (variable ops, e.g. microWakeWord): each output depends on the
-  requests before it, which caching, batching and a worker shared by devices all break;
-- float models with no quantized tensor at all (this is an INT8 server).
+  requests before it, which caching, batching and a worker shared by devices all break.
 """
 
 from __future__ import annotations
@@ -104,7 +106,20 @@ class Interface:
         signature = self.inputs[0].signature if self.inputs else ()
         return bool(signature) and signature[0] == -1
 
-    def problems(self, require_int8: bool = True) -> list[str]:
+    @property
+    def computes_in_float(self) -> bool:
+        """No quantized tensor in the graph: the model computes in float (float32 or float16 weights)."""
+        return self.quantized_tensors == 0
+
+    def float_note(self, name: str) -> Optional[str]:
+        """What a float model's user should know, once (check-config and the start-up log), or None."""
+        if not self.computes_in_float:
+            return None
+        return (f"model {name!r} computes in float (no quantized tensor in the graph): it is served as it is; "
+                "an INT8 build of it is the fast path, and `edge-inferd validate --float-model` compares "
+                "one with it on your data")
+
+    def problems(self) -> list[str]:
         """Why the daemon cannot serve this model (empty when it can)."""
         found = []
         if len(self.inputs) != 1:
@@ -122,9 +137,6 @@ class Interface:
         bad_out = [spec.name for spec in self.outputs if spec.dtype.kind not in "fiub"]
         if bad_out:
             found.append(f"output(s) {', '.join(bad_out)} are not numeric")
-        if require_int8 and self.quantized_tensors == 0:
-            found.append("is a float model (no quantized tensor in the graph): edge-inferd serves INT8 models; "
-                         "convert it with full-integer quantization")
         return found
 
 

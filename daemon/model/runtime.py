@@ -174,7 +174,6 @@ class Model:
         backend: str = "auto",
         num_threads: int = 1,
         expected_sha256: Optional[str] = None,
-        require_int8: bool = True,
         xnnpack: bool = True,
         max_batch: int = 1,
         interpreter_factory: Optional[InterpreterFactory] = None,
@@ -189,7 +188,7 @@ class Model:
         factory = interpreter_factory or _interpreter_class(self.backend)
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
-        interp, self.interface = self._open(require_int8)
+        interp, self.interface = self._open()
         self.input = self.interface.inputs[0]
         self.outputs = self.interface.outputs
         self.output = self.outputs[0]  # the first (a classifier's only) output
@@ -203,10 +202,10 @@ class Model:
         self.cost_per_invoke_s = 0.0
         self._invoked: deque[tuple[int, float]] = deque(maxlen=_INVOKES_KEPT)
 
-    def _open(self, require_int8: bool) -> tuple[Any, Interface]:
+    def _open(self) -> tuple[Any, Interface]:
         """The first interpreter and the model's interface; ModelError when it cannot be served."""
         interp, interface = _allocated(self._new_interpreter, self._quiet(), self.path, self.backend)
-        problems = interface.problems(require_int8)
+        problems = interface.problems()
         if problems:
             raise ModelError(self.path, f"cannot serve this model: it {problems[0]}")
         return interp, interface

@@ -125,7 +125,7 @@ def _classify(pipe: RoutePipeline, model: Model, x: np.ndarray, y: np.ndarray, g
     report["accuracy"] = round(float(np.mean(pred == y)), 6)
     ok = report["accuracy"] + _EPS >= gate.min_accuracy
     if float_model is not None:
-        reference = Model(float_model, backend=config.runtime, require_int8=False, xnnpack=config.xnnpack)
+        reference = Model(float_model, backend=config.runtime, xnnpack=config.xnnpack)
         float_pred = predict(pipe, reference, x)
         report["float_accuracy"] = round(float(np.mean(float_pred == y)), 6)
         report["drop"] = round(report["float_accuracy"] - report["accuracy"], 6)

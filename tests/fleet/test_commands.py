@@ -98,9 +98,11 @@ def test_sign_refusals_are_one_line_and_exit_1(tmp_path, capsys, drop, extra, ex
 def test_sign_a_model_the_daemon_cannot_serve_exits_78(tmp_path, capsys):
     _keygen(capsys, tmp_path / "a")
     args = _sign_args(tmp_path / "a.key", tmp_path / "rel")
-    args[args.index("--model-file") + 1] = str(MODEL.with_name("model_float.tflite"))
+    truncated = tmp_path / "truncated.tflite"
+    truncated.write_bytes(MODEL.read_bytes()[:2000])
+    args[args.index("--model-file") + 1] = str(truncated)
     code, out, err = _main(capsys, *args)
-    assert code == cli.EXIT_CONFIG and "float model" in err
+    assert code == cli.EXIT_CONFIG and "rejected the model" in err
 
 
 def test_a_bad_key_file_exits_1(tmp_path, capsys):

@@ -94,8 +94,10 @@ def test_a_release_is_not_made_twice_into_one_folder(made, keys):
 
 
 def test_a_model_the_daemon_cannot_serve_is_not_released(tmp_path, keys):
-    with pytest.raises(ModelError, match="float model"):
-        publish.make_release(tmp_path / "r", "activity", "1", 1, MODEL.with_name("model_float.tflite"), None, keys[0])
+    truncated = tmp_path / "truncated.tflite"
+    truncated.write_bytes(MODEL.read_bytes()[:2000])
+    with pytest.raises(ModelError, match="rejected the model"):
+        publish.make_release(tmp_path / "r", "activity", "1", 1, truncated, None, keys[0])
     assert not (tmp_path / "r" / MANIFEST_NAME).exists()
 
 

@@ -134,7 +134,6 @@ def test_a_detector_runs_at_batch_one_and_says_so():
 @pytest.mark.parametrize("name, reason", [
     ("okay_nabu_stateful.tflite", "stateful streaming model (ASSIGN_VARIABLE, CALL_ONCE, READ_VARIABLE, VAR_HANDLE)"),
     ("ssd_mobilenet_v2_coco_quant_edgetpu.tflite", "edgetpu-custom-op"),
-    ("deeplabv3_float.tflite", "is a float model"),
 ])
 def test_check_config_names_why_a_model_cannot_be_served(tmp_path, name, reason):
     path = _config(tmp_path, {"m": {"path": str(real_model(name))}},

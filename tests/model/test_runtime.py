@@ -125,10 +125,25 @@ def test_truncated_model_gives_a_model_error(tmp_path):
     assert "truncated.tflite" in str(err.value)
 
 
-def test_float_model_where_int8_is_expected(tmp_path):
-    with pytest.raises(ModelError, match="is a float model .no quantized tensor in the graph.: edge-inferd serves INT8"):
-        Model(ROOT / "models/activity/model_float.tflite")
-    assert Model(ROOT / "models/activity/model_float.tflite", require_int8=False).input.dtype == np.float32
+def test_a_float_model_is_served_as_it_is_and_scores_as_a_direct_invoke():
+    path = ROOT / "models/activity/model_float.tflite"
+    model = Model(path, max_batch=8)
+    assert model.interface.computes_in_float and model.input.dtype == np.float32
+    assert "computes in float" in model.interface.float_note("activity_float")
+    with np.load(ROOT / "models/activity/test.npz") as data:
+        x = data["x"][:5].astype(np.float32)
+    # the float model takes the downsampled window (the bundled route's preprocessing): 100 -> 50 steps
+    x = x.reshape(5, 50, 2, 6).mean(axis=2)
+    from ai_edge_litert.interpreter import Interpreter
+    interp = Interpreter(model_path=str(path))
+    interp.allocate_tensors()
+    direct = []
+    for row in x:
+        interp.set_tensor(interp.get_input_details()[0]["index"], row[None])
+        interp.invoke()
+        direct.append(interp.get_tensor(interp.get_output_details()[0]["index"])[0])
+    np.testing.assert_allclose(model.infer(x), np.array(direct), atol=1e-5)
+    assert Model(ACTIVITY).interface.float_note("activity") is None  # the INT8 model says nothing
 
 
 def test_sha256_mismatch_is_refused_before_loading():
