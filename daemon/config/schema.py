@@ -54,7 +54,8 @@ _HIDDEN = {"doc": False}
 class ModelConfig:
     name: str = field(metadata=_HIDDEN)  # the key under `models`
     path: Path
-    """The INT8 .tflite file: int8, uint8 or float32 in and out (`edge-inferd inspect` tells what it takes)."""
+    """The .tflite file: INT8 (the fast path; int8, uint8 or float32 in and out) or float (float32 or float16
+    weights, served as they are; check-config says so once). `edge-inferd inspect` tells what it takes."""
     labels: Optional[Path] = None
     """One label per line in output order, or `id label` lines (gaps allowed, as detectors ship
     them). Required by `classify` and `detect` routes; optional for `anomaly` and `values`."""
