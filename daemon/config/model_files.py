@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from daemon.config.schema import Config
+from daemon.model import preprocess
 from daemon.model.runtime import Model
 
 
@@ -23,7 +24,21 @@ def open_model(config: Config, name: str, max_batch: Optional[int] = None,
     to build); `sha256` pins a digest already read (the workers' copies of a loaded model)."""
     mc = config.models[name]
     return Model(mc.path, backend=config.runtime, expected_sha256=sha256 or mc.sha256, xnnpack=config.xnnpack,
-                 max_batch=max_batch or config.batching.max_batch, num_threads=mc.threads)
+                 max_batch=max_batch or config.batching.max_batch, num_threads=mc.threads,
+                 sample_shape=route_sample_shape(config, name))
+
+
+def route_sample_shape(config: Config, name: str) -> Optional[tuple[int, ...]]:
+    """What the first route on model `name` feeds it (its input.shape after preprocessing): the
+    size of a dynamic input (daemon/model/dynamic.py). None without a route, or one whose steps
+    do not fit its shape (check-config names that itself)."""
+    for route in config.routes:
+        if route.model == name and route.input.shape:
+            try:
+                return preprocess.output_shape(route.preprocess, route.input.shape)
+            except ValueError:
+                return None
+    return None
 
 
 # An `id label` line as detectors ship their label maps: "0 person", "16  cat", "3: car".

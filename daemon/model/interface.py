@@ -77,6 +77,9 @@ class TensorSpec:
         span = self.real_range()
         real = f"; real values {span[0]:.4g} .. {span[1]:.4g}" if span else ""
         batch = "dynamic batch" if self.signature and self.signature[0] == -1 else f"batch {self.shape[0]}"
+        dims = [k for k, v in enumerate(self.signature) if k > 0 and v == -1]
+        if dims:  # sized for this reading only: a route's input.shape sizes it (dynamic.py)
+            batch += f"; dynamic dimension(s) {dims}, signature {list(self.signature)}, sized here to try it"
         return f"{self.name}: {self.dtype} {list(self.shape)} ({batch}; {quant}{real})"
 
 

@@ -17,11 +17,12 @@ import time
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from daemon.errors import DaemonError, ModelError
+from daemon.model.dynamic import inspect_sizes, size_input
 from daemon.model.interface import Interface, TensorSpec, read_interface
 from daemon.model.native_stderr import quiet_native_info
 
@@ -177,7 +178,10 @@ class Model:
         xnnpack: bool = True,
         max_batch: int = 1,
         interpreter_factory: Optional[InterpreterFactory] = None,
+        sample_shape: Optional[Sequence[int]] = None,
     ):
+        """`sample_shape`: what a dynamic input (beyond the batch) is sized to, the route's shape
+        after preprocessing (dynamic.py); unused for a model whose input is fixed."""
         self.path = Path(path)
         data = _read_model(self.path)
         self.sha256 = hashlib.sha256(data).hexdigest()
@@ -188,7 +192,7 @@ class Model:
         factory = interpreter_factory or _interpreter_class(self.backend)
         options = _resolver_options(self.backend, xnnpack)
         self._new_interpreter = lambda: factory(model_content=data, num_threads=num_threads, **options)
-        interp, self.interface = self._open()
+        interp, self.interface = self._open(sample_shape)
         self.input = self.interface.inputs[0]
         self.outputs = self.interface.outputs
         self.output = self.outputs[0]  # the first (a classifier's only) output
@@ -202,9 +206,9 @@ class Model:
         self.cost_per_invoke_s = 0.0
         self._invoked: deque[tuple[int, float]] = deque(maxlen=_INVOKES_KEPT)
 
-    def _open(self) -> tuple[Any, Interface]:
+    def _open(self, sample_shape: Optional[Sequence[int]]) -> tuple[Any, Interface]:
         """The first interpreter and the model's interface; ModelError when it cannot be served."""
-        interp, interface = _allocated(self._new_interpreter, self._quiet(), self.path, self.backend)
+        interp, interface = _allocated(self._new_interpreter, self._quiet(), self.path, self.backend, sample_shape)
         problems = interface.problems()
         if problems:
             raise ModelError(self.path, f"cannot serve this model: it {problems[0]}")
@@ -358,11 +362,13 @@ def _why(exc: BaseException) -> str:
 
 
 def _allocated(new_interpreter: Callable[[], Any], quiet: AbstractContextManager, path: Path,
-               backend: str) -> tuple[Any, Interface]:
-    """A new interpreter with its tensors allocated, and its interface; ModelError if the runtime refuses."""
+               backend: str, sample_shape: Optional[Sequence[int]] = None) -> tuple[Any, Interface]:
+    """A new interpreter with its tensors allocated, and its interface; ModelError if the runtime
+    refuses. A dynamic input is sized to `sample_shape` first (dynamic.py)."""
     try:
         with quiet:  # the XNNPACK delegate's INFO banner (see native_stderr.py)
             interp = new_interpreter()
+            size_input(interp, sample_shape, path)
             interp.allocate_tensors()
         return interp, read_interface(interp)
     except (ValueError, RuntimeError) as exc:
@@ -379,5 +385,13 @@ def open_interface(path: Path | str, backend: str = "auto") -> Interface:
     name = resolve_backend(backend)
     factory = _interpreter_class(name)
     options = _without_default_delegates(name)
-    quiet = quiet_native_info() if name == "litert" else nullcontext()
-    return _allocated(lambda: factory(model_content=data, **options), quiet, path, name)[1]
+    quiet = quiet_native_info if name == "litert" else nullcontext
+    new = lambda: factory(model_content=data, **options)  # noqa: E731
+    with quiet():
+        sizes = inspect_sizes(new())
+    for shape in sizes[:-1]:  # a dynamic input: the first size its graph prepares with
+        try:
+            return _allocated(new, quiet(), path, name, shape)[1]
+        except ModelError:
+            continue
+    return _allocated(new, quiet(), path, name, sizes[-1] if sizes else None)[1]
