@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from daemon.model.interface import Interface, TensorSpec, guess_kind
+from daemon.model.interface import Interface, TensorSpec, guess_kind, raw_anchor_heads
 from daemon.model.runtime import open_interface
 
 # Real input ranges that say how pixels 0..255 were scaled in training: (low, high) -> (mean, std).
@@ -26,6 +26,7 @@ _IMAGE_CHANNELS = (1, 3)
 _IMAGE_MIN_SIDE = 16
 _TOP_OPS = 8
 _TOP_K = 3  # a classifier's proposed top_k, or its number of classes when it has fewer
+_BOX_COORDS = 4  # a box's values before its keypoints in a raw head's row
 
 
 def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
@@ -53,9 +54,17 @@ def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
 
 
 def looks_like_image(spec: TensorSpec) -> bool:
-    """Whether to propose `format: image` for an input: [height, width, 1 or 3] with both sides at
-    least _IMAGE_MIN_SIDE, or [height, width] (grayscale) for a uint8 input, which is how pixels
-    come (an int8 or float [H, W] is far more often a sensor window or a spectrogram)."""
+    """Whether to propose `format: image` for an input: [height, width, 3] (RGB), uint8 or float,
+    both sides at least _IMAGE_MIN_SIDE. One channel or an int8 input may as well be a feature
+    map (a keyword model's int8 [49, 40, 1] spectrogram: sent as a PNG it scored 0.25 on every
+    class): `may_be_image` says so, and the snippet proposes json with the other reading named."""
+    sample = spec.sample_shape
+    return len(sample) == 3 and sample[2] == 3 and spec.dtype != np.int8 and min(sample[:2]) >= _IMAGE_MIN_SIDE
+
+
+def may_be_image(spec: TensorSpec) -> bool:
+    """A picture or a feature map, which the file cannot tell: [height, width, 1 or 3] or a uint8
+    [height, width], both sides at least _IMAGE_MIN_SIDE, and not surely an image."""
     sample = spec.sample_shape
     if len(sample) == 3 and sample[2] in _IMAGE_CHANNELS:
         sides = sample[:2]
@@ -63,7 +72,18 @@ def looks_like_image(spec: TensorSpec) -> bool:
         sides = sample
     else:
         return False
-    return min(sides) >= _IMAGE_MIN_SIDE
+    return min(sides) >= _IMAGE_MIN_SIDE and not looks_like_image(spec)
+
+
+def quantized_steps(spec: TensorSpec) -> list[str]:
+    """For a quantized input fed as json: the normalize that maps the model's raw integers onto its
+    scale and zero point (real = (q - zero point) x scale), for a user who has the integers."""
+    if not spec.quantized:
+        return []
+    return ["    preprocess: []   # send real values: the daemon quantizes them with the model's scale and zero point",
+            f"    # or, to send the raw {spec.dtype} values the model takes (real = (q - {spec.zero_point}) x "
+            f"{spec.scale:.6g}):",
+            f"    #   - normalize: {{mean: {spec.zero_point}, std: {1 / spec.scale:.6g}}}"]
 
 
 def pixel_steps(spec: TensorSpec) -> list[str]:
@@ -91,10 +111,42 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
         lines.append(f"    input: {{format: image, shape: {list(spec.sample_shape)}, dtype: uint8{resize}}}")
         lines += pixel_steps(spec)
     else:
-        lines.append(f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}")
+        json_input = f"    input: {{format: json, shape: {list(spec.sample_shape)}, dtype: float32}}"
+        if may_be_image(spec):
+            json_input += (f"   # or pictures? if it was trained on them: format: image, shape "
+                           f"{list(spec.sample_shape)}; a feature map sent as a picture answers wrong")
+        lines += [json_input, *quantized_steps(spec)]
     top_k = min(_TOP_K, interface.outputs[0].sample_size)
     output = {"classify": f"{{kind: classify, top_k: {top_k}}}", "detect": "{kind: detect, min_score: 0.5, max_results: 10}",
               "anomaly": "{kind: anomaly, threshold: null}   # set it from `validate` (ROC-AUC, threshold at an FPR)",
               "values": "{kind: values}"}[kind]
     lines += [f"    output: {output}", f"    publish: results/{{1}}/{name}"]
+    heads = raw_anchor_heads(interface.outputs)
+    if heads is not None:
+        lines += anchors_steps(interface, heads)
     return "\n".join(lines)
+
+
+def anchors_steps(interface: Interface, heads: tuple[int, int]) -> list[str]:
+    """A commented `decode: anchors` output for raw SSD heads: what the tensors say, filled in; the
+    anchors' own settings (from the model's documentation or its MediaPipe graph) left to fill.
+    Commented, so a snippet pasted as it is serves values, not boxes from guessed anchors."""
+    boxes, scores = (interface.outputs[i] for i in heads)
+    n, coords, classes = boxes.shape[1], boxes.shape[2], scores.shape[2]
+    height, width = (interface.inputs[0].sample_shape + (0, 0))[:2]
+    keypoints = (coords - _BOX_COORDS) // 2
+    return ["    # raw anchor heads: for boxes, replace `output` with this, the anchors filled from the model's docs",
+            "    # output:",
+            "    #   kind: detect",
+            "    #   decode: anchors",
+            f"    #   anchors: {{num_layers: ?, min_scale: ?, max_scale: ?, input_size_height: {height}, "
+            f"input_size_width: {width}, strides: [?], aspect_ratios: [1.0], fixed_anchor_size: ?}}",
+            f"    #   num_boxes: {n}",
+            f"    #   num_classes: {classes}",
+            f"    #   num_coords: {coords}",
+            f"    #   num_keypoints: {keypoints}   # if the values after the box are keypoint x, y pairs",
+            f"    #   x_scale: {width}",
+            f"    #   y_scale: {height}",
+            f"    #   w_scale: {width}",
+            f"    #   h_scale: {height}",
+            "    #   sigmoid_score: true"]

@@ -214,6 +214,25 @@ def yolo_output(outputs: tuple[TensorSpec, ...]) -> bool:
     return small >= _YOLO_MIN_ROWS and large > small
 
 
+def raw_anchor_heads(outputs: tuple[TensorSpec, ...]) -> Optional[tuple[int, int]]:
+    """(boxes output, scores output) of an SSD without TFLite_Detection_PostProcess: boxes
+    [1, N, K] with K >= 4 (a box, then keypoints) beside scores [1, N, C], one row per anchor
+    (MediaPipe's BlazeFace: [1, 896, 16] and [1, 896, 1]); None otherwise. Which is which: the
+    wider one holds the boxes; with equal widths, the one named like boxes or regressors."""
+    if len(outputs) != 2 or any(len(o.shape) != 3 or o.shape[0] != 1 for o in outputs):
+        return None
+    a, b = outputs
+    if a.shape[1] != b.shape[1] or a.shape[1] < 2:
+        return None
+    widths = (a.shape[2], b.shape[2])
+    if widths[0] != widths[1]:
+        boxes = 0 if widths[0] > widths[1] else 1
+    else:
+        named = [i for i, o in enumerate(outputs) if any(w in o.name.lower() for w in ("box", "regress", "loc"))]
+        boxes = named[0] if len(named) == 1 else 0
+    return (boxes, 1 - boxes) if outputs[boxes].shape[2] >= _BOX_COORDS else None
+
+
 def detector_layout(outputs: tuple[TensorSpec, ...]) -> Optional[str]:
     if ssd_outputs(outputs) is not None:
         return SSD
@@ -233,6 +252,12 @@ def guess_kind(interface: Interface) -> tuple[str, str]:
         return "detect", "an SSD object detector (TFLite_Detection_PostProcess: boxes, classes, scores, count)"
     if layout == YOLO:
         return "detect", "a YOLO-style object detector (one [1, 4+C, N] tensor, decoded with per-class NMS)"
+    heads = raw_anchor_heads(interface.outputs)
+    if heads is not None:
+        boxes, scores = (interface.outputs[i].shape for i in heads)
+        return "values", (f"an SSD detector with raw anchor heads (boxes {list(boxes)}, scores {list(scores)}, one row "
+                          "per anchor): serve it with output {kind: detect, decode: anchors, ...}, its anchors "
+                          "taken from the model's own documentation (the snippet lists the keys)")
     if len(interface.outputs) == 1 and interface.inputs:
         out, inp = interface.outputs[0], interface.inputs[0]
         if out.sample_size == inp.sample_size and out.sample_size > 1:

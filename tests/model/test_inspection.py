@@ -11,6 +11,7 @@ import yaml
 
 from daemon import cli
 from daemon.config.loader import load_config
+from daemon.model.interface import Interface
 from daemon.model.inspection import looks_like_image, report
 from daemon.model.runtime import Model, open_interface
 from tests.real_models import real_model
@@ -160,23 +161,55 @@ def test_an_image_is_proposed_for_the_image_models_only(tmp_path, name):
         assert tuple(route.input.shape) == interface.inputs[0].sample_shape
 
 
-@pytest.mark.parametrize("shape, dtype, image", [
-    ((1, 128, 3, 1), np.int8, False),  # an accelerometer window: x, y, z over 128 samples
-    ((1, 5, 128, 1), np.int8, False),  # five stacked spectra
-    ((1, 1460, 1), np.int8, False),  # a power trace
-    ((1, 100, 6), np.float32, False),  # an IMU window
-    ((1, 96, 96, 1), np.int8, True),  # person detection, grayscale
-    ((1, 224, 224, 3), np.float32, True),
-    ((1, 224, 224, 3), np.uint8, True),
-    ((1, 28, 28), np.uint8, True),  # grayscale without a channel axis: uint8 says pixels
-    ((1, 28, 28), np.int8, False),  # ... an int8 [H, W] is a window or a spectrogram as often
-    ((1, 128, 3, 1), np.uint8, False),  # uint8 does not make an accelerometer window an image
-    ((1, 15, 64, 3), np.uint8, False),  # a side under 16
-    ((1, 16, 16, 3), np.int8, True),
-    ((1, 224, 224, 4), np.uint8, False),  # RGBA: the image route takes 1 or 3 channels
-    ((1, 3, 224, 224), np.float32, False),  # channels first: not the image route's layout
+@pytest.mark.parametrize("shape, dtype, image, maybe", [
+    ((1, 128, 3, 1), np.int8, False, False),  # an accelerometer window: x, y, z over 128 samples
+    ((1, 5, 128, 1), np.int8, False, False),  # five stacked spectra
+    ((1, 1460, 1), np.int8, False, False),  # a power trace
+    ((1, 100, 6), np.float32, False, False),  # an IMU window
+    ((1, 96, 96, 1), np.int8, False, True),  # person detection, grayscale ... or a feature map
+    ((1, 49, 40, 1), np.int8, False, True),  # a keyword model's spectrogram: json, the picture named
+    ((1, 76, 32, 1), np.float32, False, True),  # openWakeWord's mel window
+    ((1, 224, 224, 3), np.float32, True, False),
+    ((1, 224, 224, 3), np.uint8, True, False),
+    ((1, 28, 28), np.uint8, False, True),  # grayscale without a channel axis: pixels, or not
+    ((1, 28, 28), np.int8, False, False),  # an int8 [H, W] is a window or a spectrogram as often
+    ((1, 128, 3, 1), np.uint8, False, False),  # uint8 does not make an accelerometer window an image
+    ((1, 15, 64, 3), np.uint8, False, False),  # a side under 16
+    ((1, 16, 16, 3), np.int8, False, True),  # int8 RGB: a picture, or three feature planes
+    ((1, 224, 224, 4), np.uint8, False, False),  # RGBA: the image route takes 1 or 3 channels
+    ((1, 3, 224, 224), np.float32, False, False),  # channels first: not the image route's layout
 ])
-def test_the_image_heuristic(shape, dtype, image):
+def test_the_image_heuristic(shape, dtype, image, maybe):
+    from daemon.model.inspection import may_be_image
     from tests.fakes import tensor_spec
 
-    assert looks_like_image(tensor_spec(shape, dtype, scale=0.1 if dtype != np.float32 else 0.0)) is image
+    spec = tensor_spec(shape, dtype, scale=0.1 if dtype != np.float32 else 0.0)
+    assert (looks_like_image(spec), may_be_image(spec)) == (image, maybe)
+
+
+def test_a_feature_map_is_proposed_as_json_with_the_picture_named_and_its_raw_integers_normalize():
+    """An int8 [49, 40, 1] input (a keyword model's spectrogram) once got `format: image`: the features
+    sent as a PNG scored 0.25 on all four classes, where a direct invoke said _silence_ 0.996."""
+    from daemon.model.inspection import snippet
+    from tests.fakes import tensor_spec
+
+    spec = tensor_spec((1, 49, 40, 1), np.int8, scale=0.1, zero_point=-128)
+    interface = Interface((spec,), (tensor_spec((1, 4), np.int8, scale=1 / 256, zero_point=-128),), (), 5)
+    text = snippet(Path("kws.tflite"), interface, "classify")
+    route = yaml.safe_load(text)["routes"][0]
+    assert route["input"] == {"format": "json", "shape": [49, 40, 1], "dtype": "float32"}
+    assert "or pictures? if it was trained on them: format: image" in text
+    assert route["preprocess"] == [] and "#   - normalize: {mean: -128, std: 10}" in text
+    raw = np.array([-128, 0, 127], np.float32)  # what that normalize makes of raw integers: the real values
+    assert np.allclose((raw - -128) / 10, (raw - spec.zero_point) * spec.scale)
+
+
+def test_raw_anchor_heads_are_recognised_with_an_anchors_snippet_to_fill(tmp_path):
+    name = "face_detection_short_range.tflite"
+    model = tmp_path / name
+    model.write_bytes(real_model(name).read_bytes())
+    text, servable = report(model)
+    assert servable and "an SSD detector with raw anchor heads (boxes [1, 896, 16], scores [1, 896, 1]" in text
+    assert "#   decode: anchors" in text and "#   num_boxes: 896" in text and "#   num_keypoints: 6" in text
+    route = load_config(_snippet_config(tmp_path, text)).routes[0]
+    assert route.kind == "values"  # pasted as it is: values, never boxes from guessed anchors
