@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
-from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, Config, ModelConfig, RouteConfig
+from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config, ModelConfig, RouteConfig
 from daemon.model.interface import Interface, detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
 from daemon.model import preprocess
@@ -218,6 +218,9 @@ def _kind_problem(route: RouteConfig, model: Model | InterfaceView) -> Optional[
     if route.kind == DETECT and detector_layout(model.outputs) is None:
         return "kind", (f"kind detect needs an SSD model (boxes [1, N, 4], classes, scores, count) or a YOLO "
                         f"model (one [1, 4+C, N] output); {route.model!r} has {outputs}")
+    unknown = [n for n in route.outputs if n not in {spec.name for spec in model.outputs}]
+    if route.kind == VALUES and unknown:
+        return "outputs", f"{', '.join(map(repr, unknown))}: no such output of {route.model!r} (it has {outputs})"
     if route.kind == ANOMALY and model.num_outputs != model.input.sample_size:
         return "kind", (f"kind anomaly needs an autoencoder, whose output has the input's "
                         f"{model.input.sample_size} values; {route.model!r} has {outputs}")

@@ -25,11 +25,11 @@ from daemon.config.http import read_http
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
-from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
+from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
                                   INPUT_DTYPES, INPUT_FORMATS, MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
                                   RESIZE_MODES, STRETCH, BatchingConfig, CacheConfig, Config, InputConfig,
-                                  MetricsConfig, ModelConfig, RouteConfig, WorkersConfig)
+                                  MetricsConfig, ModelConfig, RouteConfig, VALUES, WorkersConfig)
 from daemon.errors import ConfigError
 from daemon.model.runtime import RUNTIME_CHOICES
 
@@ -169,7 +169,8 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
 
 
 # Output keys that only one kind reads: given for another kind, they are a mistake worth naming.
-_KIND_KEYS = {"top_k": CLASSIFY, "min_score": DETECT, "max_results": DETECT, "threshold": ANOMALY}
+_KIND_KEYS = {"top_k": CLASSIFY, "min_score": DETECT, "max_results": DETECT, "threshold": ANOMALY,
+              "outputs": VALUES}
 
 
 def _read_output(r: Reader, m: Mapping, p: str) -> dict:
@@ -186,7 +187,17 @@ def _read_output(r: Reader, m: Mapping, p: str) -> dict:
         "min_score": float(r.get(o, "min_score", p, (int, float), DEFAULT_MIN_SCORE, minimum=0)),
         "max_results": r.get(o, "max_results", p, int, DEFAULT_MAX_RESULTS, minimum=1),
         "threshold": optional_float(r.get(o, "threshold", p, (int, float, type(None)), None, minimum=0)),
+        "outputs": _read_output_names(r, o, p),
     }
+
+
+def _read_output_names(r: Reader, o: Mapping, p: str) -> tuple[str, ...]:
+    """output.outputs: a list of distinct output names (checked against the model in pass 2)."""
+    names = r.get(o, "outputs", p, list, [])
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        r.error(o, "outputs", p, f"must be a list of distinct output names, got {names!r}")
+        return ()
+    return tuple(names)
 
 
 def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
@@ -198,7 +209,7 @@ def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
     if fmt == "image" and shape and (len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3))):
         r.error(m, "shape", p, f"an image route takes [height, width, 3] (RGB) or [height, width, 1] / "
                 f"[height, width] (grayscale), not {shape!r}")
-    for key in ("resize", "max_pixels"):
+    for key in ("resize", "max_pixels", "decode"):
         if key in m and fmt != "image" and r.ok(f"{p}.format"):
             r.error(m, key, p, "applies to format image only")
     return InputConfig(
@@ -208,6 +219,7 @@ def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
         max_bytes=r.get(m, "max_bytes", p, int, DEFAULT_MAX_BYTES, minimum=1),
         resize=r.get(m, "resize", p, str, STRETCH, choices=RESIZE_MODES),
         max_pixels=r.get(m, "max_pixels", p, int, DEFAULT_MAX_PIXELS, minimum=1),
+        decode=r.get(m, "decode", p, str, "fast", choices=DECODE_MODES),
     )
 
 

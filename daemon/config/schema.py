@@ -36,6 +36,7 @@ DEFAULT_THREADS = 1
 # conversion is a second copy). A small gateway's route may want the limit lower.
 DEFAULT_MAX_PIXELS = 40_000_000
 STRETCH, LETTERBOX = "stretch", "letterbox"
+DECODE_MODES = ("fast", "exact")
 RESIZE_MODES = (STRETCH, LETTERBOX)
 CLASSIFY, DETECT, ANOMALY, VALUES = "classify", "detect", "anomaly", "values"
 OUTPUT_KINDS = (CLASSIFY, DETECT, ANOMALY, VALUES)
@@ -89,6 +90,11 @@ class InputConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     """image: a picture whose header claims more pixels (width x height) is answered `too_large`
     before it is decoded (a decompression bomb never reaches memory)."""
+    decode: str = "fast"
+    """image: `fast` decodes a JPEG at least twice the target size at 1/2, 1/4 or 1/8 scale in
+    libjpeg (Pillow's draft mode) before the resize; `exact` decodes it at full size. The scaled
+    DCT moves scores a little (docs/performance.md has the time saved and the score differences on
+    real photos); PNGs and small JPEGs decode the same either way."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,11 @@ class RouteConfig:
     """detect: at most this many detections, best first."""
     threshold: Optional[float] = field(default=None, metadata={"yaml": "output.threshold"})
     """anomaly: a reconstruction error above this is `"anomaly": true` (null: the score only)."""
+    outputs: tuple = field(default=(), metadata={"yaml": "output.outputs", "doc_default": "`[]`",
+                                                 "doc_type": "list of output names"})
+    """values: the model's outputs the reply carries, by name, each in full (`values` is keyed by
+    name). Empty: every output of at most 4,096 values; a larger one (a 256x256 mask, a heatmap) is
+    left out unless named, and the reply's `left_out` names it with its shape."""
     validate_data: Optional[Path] = field(default=None, metadata={"yaml": "validate.data"})
     """Labelled .npz (x, y) for the gate a changed model must pass on reload (`check-config --deep`)."""
     min_accuracy: float = field(default=0.0, metadata={"yaml": "validate.min_accuracy"})

@@ -222,7 +222,8 @@ def _decode_image(payload: bytes, spec: InputConfig) -> tuple[np.ndarray, Geomet
     """A JPEG or PNG of any size -> the route's [H, W, C] (or [H, W]) pixels, and where it lies."""
     height, width = spec.shape[:2]
     channels = spec.shape[2] if len(spec.shape) == 3 else 1
-    pixels, geometry = images.decode_image(payload, height, width, channels, spec.resize, spec.max_pixels)
+    pixels, geometry = images.decode_image(payload, height, width, channels, spec.resize, spec.max_pixels,
+                                           draft=spec.decode == "fast")
     return pixels.reshape(spec.shape), geometry
 
 

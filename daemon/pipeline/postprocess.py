@@ -23,6 +23,9 @@ from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.kinds import anomaly, detect
 
 VALUE_DECIMALS = 6
+# A `values` reply without output.outputs carries each output of at most this many values: a
+# segmentation mask (256 x 256) or a heatmap stack would make every reply megabytes of JSON.
+VALUES_DEFAULT_MAX = 4096
 
 
 Labelled = Callable[[int], str]  # a label by output index or class id
@@ -66,8 +69,21 @@ def fields(route: RouteConfig, labels: Labelled, outputs: Optional[ModelOutputs]
     if route.kind == ANOMALY:
         score = float(anomaly.anomaly_score(x.reshape(1, -1), row.reshape(1, -1))[0])
         return anomaly.to_reply(score, route.threshold)
-    return {"values": {name: np.round(outputs.part(row, i), VALUE_DECIMALS).tolist()
-                       for i, name in enumerate(outputs.names)}}
+    return _values(route, outputs, row)
+
+
+def _values(route: RouteConfig, outputs: ModelOutputs, row: np.ndarray) -> dict[str, Any]:
+    """The named outputs (route.outputs), else every one of at most VALUES_DEFAULT_MAX values;
+    what that leaves out is named with its shape, so a reply never hides an output silently."""
+    named = route.outputs or tuple(n for i, n in enumerate(outputs.names)
+                                   if outputs.offsets[i + 1] - outputs.offsets[i] <= VALUES_DEFAULT_MAX)
+    index = {name: i for i, name in enumerate(outputs.names)}
+    reply: dict[str, Any] = {"values": {name: np.round(outputs.part(row, index[name]), VALUE_DECIMALS).tolist()
+                                        for name in named}}
+    left = {name: list(outputs.shapes[i]) for name, i in index.items() if name not in named}
+    if left and not route.outputs:
+        reply["left_out"] = left
+    return reply
 
 
 def _classify(route: RouteConfig, labels: Labelled, scores: np.ndarray, order: Optional[np.ndarray]) -> dict:
