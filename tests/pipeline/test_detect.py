@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.kinds.detect import (
-    DEFAULT_IOU, Box, Detection, iou, nms, ssd, to_reply, yolo,
+    DEFAULT_IOU, Box, Detection, iou, ious, nms, ssd, to_reply, yolo,
 )
 
 # --- SSD ----------------------------------------------------------------------------------
@@ -193,6 +193,30 @@ def test_to_reply_maps_boxes_through_a_letterbox_and_clamps_the_padding():
     # y: (0.25 * 320 - 40) / 0.5 = 80, (0.75 * 320 - 40) / 0.5 = 400; the padding rows fall off the image.
     assert boxes == [{"x_min": 160.0, "y_min": 80.0, "x_max": 480.0, "y_max": 400.0},
                      {"x_min": 0.0, "y_min": 0.0, "x_max": 640.0, "y_max": 480.0}]
+
+
+def test_to_reply_maps_keypoints_like_the_box_and_only_when_there_are_some():
+    letterbox = Geometry(640, 480, 320, 320, 0.5, 0.5, pad_y=40.0)
+    eyes = Detection(0, 0.9, Box(0.25, 0.25, 0.75, 0.75), keypoints=((0.375, 0.375), (0.625, 0.375), (0.5, 0.0625)))
+    reply = to_reply([eyes, Detection(0, 0.8, Box(0.0, 0.0, 1.0, 1.0))], LABELS.__getitem__, letterbox)
+    # x: 0.375 * 320 / 0.5 = 240; y: (0.375 * 320 - 40) / 0.5 = 160; y of 0.0625 falls in the padding: 0.
+    assert reply[0]["keypoints"] == [[240.0, 160.0], [400.0, 160.0], [320.0, 0.0]]
+    assert "keypoints" not in reply[1]
+
+
+def test_nms_stops_at_its_limit_as_the_greedy_pass_would_have_kept_them():
+    boxes = np.array([[0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0], [0.0, 0.5, 0.5, 1.0]])
+    scores = np.array([0.9, 0.8, 0.7, 0.6])
+    assert nms(boxes, scores, 0.5).tolist() == [0, 2, 3]
+    assert nms(boxes, scores, 0.5, limit=2).tolist() == [0, 2]
+    assert nms(boxes, scores, 0.5, limit=0).tolist() == []
+
+
+def test_ious_of_one_box_with_many():
+    box = np.array([0.0, 0.0, 0.5, 0.5])
+    others = np.array([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5], [0.5, 0.5, 1.0, 1.0], [0.2, 0.2, 0.2, 0.2]])
+    # Half of each box overlaps: 0.125 / (0.25 + 0.25 - 0.125) = 1/3; a corner touch and an empty box: 0.
+    assert ious(box, others).tolist() == [1.0, 1 / 3, 0.0, 0.0]
 
 
 def test_to_reply_of_nothing_is_an_empty_list():

@@ -18,7 +18,7 @@ the pixels it knows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class Detection:
     """The class id as the model emits it (SSD: label-map id; YOLO: class column)."""
     score: float
     box: Box
+    keypoints: tuple[tuple[float, float], ...] = ()
+    """(x, y) points normalized to the model input like the box (decode: anchors only: BlazeFace's
+    eyes, nose, mouth and ears); not clamped, a point may lie a little outside the input."""
 
 
 def ssd(boxes, classes, scores, count, min_score: float, max_results: int) -> list[Detection]:
@@ -106,11 +109,13 @@ def _per_class_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, i
     return _greedy_nms(boxes + (classes * spread)[:, None], scores, iou, limit)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
-    """Greedy non-maximum suppression over xyxy `boxes`: the indices kept, best score first.
-    A box overlapping a kept one by IoU above `iou` is dropped; equal scores keep input order."""
+def nms(boxes: np.ndarray, scores: np.ndarray, iou: float, limit: Optional[int] = None) -> np.ndarray:
+    """Greedy non-maximum suppression over xyxy `boxes`: the indices kept, best score first, at
+    most `limit` (None: all). A box overlapping a kept one by IoU above `iou` is dropped; equal
+    scores keep input order."""
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, BOX_COORDS)
-    return _greedy_nms(boxes, np.asarray(scores, dtype=np.float64).reshape(-1), iou, len(boxes))
+    most = len(boxes) if limit is None else max(limit, 0)
+    return _greedy_nms(boxes, np.asarray(scores, dtype=np.float64).reshape(-1), iou, most)
 
 
 def _greedy_nms(boxes: np.ndarray, scores: np.ndarray, iou: float, limit: int) -> np.ndarray:
@@ -130,6 +135,13 @@ def iou(a: Box, b: Box) -> float:
     one = np.array([a.x_min, a.y_min, a.x_max, a.y_max], dtype=np.float64)
     other = np.array([[b.x_min, b.y_min, b.x_max, b.y_max]], dtype=np.float64)
     return float(_overlaps(one, _areas(one[None])[0], other, _areas(other))[0])
+
+
+def ious(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one xyxy box with each xyxy row of `others` (0 where the union is empty)."""
+    box = np.asarray(box, dtype=np.float64).reshape(BOX_COORDS)
+    others = np.asarray(others, dtype=np.float64).reshape(-1, BOX_COORDS)
+    return _overlaps(box, _areas(box[None])[0], others, _areas(others))
 
 
 def _areas(boxes: np.ndarray) -> np.ndarray:
@@ -156,13 +168,17 @@ def _box(x0: float, y0: float, x1: float, y1: float) -> Box:
 
 
 def to_reply(detections: Sequence[Detection], labels: Callable[[int], str], geometry: Geometry) -> list[dict]:
-    """The reply's detections, each box in pixels of the image as sent."""
+    """The reply's detections, each box (and keypoint, for a detector that finds them) in pixels
+    of the image as sent."""
     replies = []
     for d in detections:
         x_min, y_min = geometry.normalized_to_sent(d.box.x_min, d.box.y_min)
         x_max, y_max = geometry.normalized_to_sent(d.box.x_max, d.box.y_max)
         box = {"x_min": round(x_min, PIXEL_DECIMALS), "y_min": round(y_min, PIXEL_DECIMALS),
                "x_max": round(x_max, PIXEL_DECIMALS), "y_max": round(y_max, PIXEL_DECIMALS)}
-        replies.append({"label": labels(d.index), "index": d.index,
-                        "score": round(d.score, SCORE_DECIMALS), "box": box})
+        reply = {"label": labels(d.index), "index": d.index, "score": round(d.score, SCORE_DECIMALS), "box": box}
+        if d.keypoints:
+            reply["keypoints"] = [[round(v, PIXEL_DECIMALS) for v in geometry.normalized_to_sent(x, y)]
+                                  for x, y in d.keypoints]
+        replies.append(reply)
     return replies
