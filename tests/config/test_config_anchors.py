@@ -88,7 +88,8 @@ def test_the_known_keys_are_every_field_and_decode():
 
 
 def test_num_boxes_must_be_the_anchor_count_and_both_are_named(tmp_path):
-    assert f"{OUT}.num_boxes: is 900, but the anchors options lay out 896 anchors" in _errors(tmp_path, num_boxes=900)
+    expected = f"{OUT}.num_boxes: is 900, but the anchors options lay out 896 anchors"
+    assert expected in _errors(tmp_path, num_boxes=900)
 
 
 @pytest.mark.parametrize("changes, expected", [
