@@ -36,6 +36,7 @@ from daemon.config import homeassistant as config_ha  # noqa: E402
 from daemon.config import http as config_http  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
+from daemon.config import anchors as config_anchors  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
 from daemon.model import preprocess  # noqa: E402
 
@@ -117,7 +118,7 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse",
-                                                                                    "drift", "homeassistant", "http", "fleet"))
+                                                                                    "anchors", "drift", "homeassistant", "http", "fleet"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
 
@@ -139,6 +140,16 @@ SECTIONS = (
     Section("routes[]", config.RouteConfig, "routes", "A list: each route maps a topic filter to a model. Its "
             "`input` section (required) is described under `routes[].input`."),
     Section("routes[].input", config.InputConfig, None, "See Input formats below."),
+    Section("routes[].output (decode: anchors)", config_anchors.AnchorDecode, None,
+            "A detector's raw SSD heads (no TFLite_Detection_PostProcess: one tensor of box and keypoint offsets per "
+            "anchor, one of class scores), decoded as MediaPipe's TensorsToDetectionsCalculator does, in its words: "
+            "`output: {kind: detect, decode: anchors, anchors: {...}, num_classes, num_boxes, ...}`. Then `nms`, "
+            "then the route's `min_score` and `max_results`. Each detection carries `keypoints: [[x, y], ...]` in "
+            "the sent image's pixels, through the same letterbox or stretch as its box (docs/byo-model.md)."),
+    Section("routes[].output.anchors", config_anchors.AnchorOptions, None,
+            "MediaPipe's SsdAnchorsCalculator options, key by key from the model's graph (.pbtxt); check-config "
+            "refuses an anchor count that is not the model's `num_boxes`, naming both."),
+    Section("routes[].output.nms", config_anchors.NmsOptions, None),
     Section("routes[].reuse", config_reuse.ReuseConfig, None, "Optional. A device (a request topic) whose input, in the "
             "model's float input units, changed by at most `max_change` since its last inferred request, and "
             "within `max_age_s` of it, gets that result again without inference: the reply says "

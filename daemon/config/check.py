@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
+from daemon.config.anchors import find_outputs
 from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config, ModelConfig, RouteConfig
@@ -215,6 +216,12 @@ def _kind_problem(route: RouteConfig, model: Model | InterfaceView) -> Optional[
                         f"({outputs}): {_suggestion(model)}")
     if route.kind == CLASSIFY and route.top_k > model.num_outputs:
         return "top_k", f"top_k {route.top_k} exceeds the model's {model.num_outputs} outputs"
+    if route.kind == DETECT and route.anchor_decode is not None:
+        try:
+            find_outputs(route.anchor_decode, [spec.shape for spec in model.outputs])
+        except ValueError as exc:
+            return "decode", f"{exc} ({route.model!r})"
+        return None
     if route.kind == DETECT and detector_layout(model.outputs) is None:
         return "kind", (f"kind detect needs an SSD model (boxes [1, N, 4], classes, scores, count) or a YOLO "
                         f"model (one [1, 4+C, N] output); {route.model!r} has {outputs}")

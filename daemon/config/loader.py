@@ -25,6 +25,7 @@ from daemon.config.http import read_http
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
+from daemon.config.anchors import ANCHOR_DECODE_KEYS, read_anchor_decode
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
                                   INPUT_DTYPES, INPUT_FORMATS, MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
@@ -170,7 +171,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
 
 # Output keys that only one kind reads: given for another kind, they are a mistake worth naming.
 _KIND_KEYS = {"top_k": CLASSIFY, "min_score": DETECT, "max_results": DETECT, "threshold": ANOMALY,
-              "outputs": VALUES}
+              "outputs": VALUES, **{key: DETECT for key in ANCHOR_DECODE_KEYS}}
 
 
 def _read_output(r: Reader, m: Mapping, p: str) -> dict:
@@ -188,6 +189,7 @@ def _read_output(r: Reader, m: Mapping, p: str) -> dict:
         "max_results": r.get(o, "max_results", p, int, DEFAULT_MAX_RESULTS, minimum=1),
         "threshold": optional_float(r.get(o, "threshold", p, (int, float, type(None)), None, minimum=0)),
         "outputs": _read_output_names(r, o, p),
+        "anchor_decode": read_anchor_decode(r, o, p) if kind == DETECT else None,
     }
 
 

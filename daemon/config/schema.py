@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from daemon.config.drift import DriftConfig
+from daemon.config.anchors import AnchorDecode
 from daemon.config.escalate import EscalateConfig
 from daemon.config.fleet import FleetConfig
 from daemon.config.homeassistant import HomeAssistantConfig
@@ -147,6 +148,10 @@ class RouteConfig:
     cache: Optional[bool] = field(default=None, metadata={"doc_default": "on, except for image routes"})
     """Whether this route's results go through the result cache (when `cache.enabled`). Camera
     frames never repeat exactly, so an image route skips it unless this says true."""
+    anchor_decode: Optional[AnchorDecode] = field(default=None, metadata={"yaml": "output.decode"})
+    """detect: a detector's raw SSD heads decoded as MediaPipe does (`output.decode: anchors`
+    and its keys, `routes[].output` with decode: anchors below); None: the model's own post-process
+    (SSD) or a YOLO tensor."""
     escalate: Optional[EscalateConfig] = None
     """Confidence cascade: low-confidence results go to a heavier tier (`routes[].escalate` below)."""
 

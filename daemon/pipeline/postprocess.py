@@ -17,10 +17,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from daemon.config.anchors import AnchorDecode, find_outputs
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, RouteConfig
 from daemon.model.interface import Interface, SsdOutputs, TensorSpec, ssd_outputs
 from daemon.pipeline.geometry import Geometry
-from daemon.pipeline.kinds import anomaly, detect
+from daemon.pipeline.kinds import anchors, anomaly, detect
 
 VALUE_DECIMALS = 6
 # A `values` reply without output.outputs carries each output of at most this many values: a
@@ -100,8 +101,20 @@ def _classify(route: RouteConfig, labels: Labelled, scores: np.ndarray, order: O
 
 
 def _detections(route: RouteConfig, outputs: ModelOutputs, row: np.ndarray) -> list[detect.Detection]:
+    if route.anchor_decode is not None:
+        return _anchor_detections(route, route.anchor_decode, outputs, row)
     if outputs.ssd is not None:
         s = outputs.ssd
         return detect.ssd(outputs.part(row, s.boxes), outputs.part(row, s.classes), outputs.part(row, s.scores),
                           outputs.part(row, s.count), route.min_score, route.max_results)
     return detect.yolo(outputs.part(row, 0), route.min_score, route.max_results, outputs.input_size)
+
+
+def _anchor_detections(route: RouteConfig, decode: AnchorDecode, outputs: ModelOutputs,
+                       row: np.ndarray) -> list[detect.Detection]:
+    """Raw SSD heads (output.decode: anchors): MediaPipe's decode and NMS, then the route's own
+    min_score and max_results, as every detector's."""
+    boxes, scores = find_outputs(decode, outputs.shapes)  # checked at check-config: it cannot fail here
+    found = anchors.detections(outputs.part(row, boxes), outputs.part(row, scores), anchors.ssd_anchors(decode.anchors),
+                               decode)
+    return [d for d in found if d.score >= route.min_score][: route.max_results]
