@@ -87,7 +87,8 @@ class InputConfig:
     resize: str = STRETCH
     """image: how a picture of any size becomes `shape`'s height x width: `stretch` (each axis
     scaled on its own) or `letterbox` (one scale, centred, padded). Boxes come back in the
-    sent picture's pixels either way."""
+    sent picture's pixels either way. A JPEG at least twice that size is first decoded at a
+    reduced scale unless `decode: exact` (below)."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """image: a picture whose header claims more pixels (width x height) is answered `too_large`
     before it is decoded (a decompression bomb never reaches memory)."""
