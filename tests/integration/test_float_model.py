@@ -75,3 +75,10 @@ def test_a_float_model_is_released_and_its_manifest_describes_a_float_interface(
     manifest = json.loads((tmp_path / "r" / MANIFEST_NAME).read_text())
     (spec,) = manifest["interface"]["inputs"]
     assert spec["dtype"] == "float32" and manifest["interface"]["quantized_tensors"] == 0
+    # The node's gate measures it on the route's own data beside the running INT8 model.
+    from daemon.config.loader import load_config
+    from daemon.fleet.gate_check import report
+
+    gated = report(load_config(write_config(tmp_path)), "activity", tmp_path / "r")
+    figures = gated["activity"]
+    assert figures["value"] >= 0.95 and figures["current"] >= 0.95, gated
