@@ -34,8 +34,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.fleet import minisign  # noqa: E402
-from daemon.fleet.publish import make_release  # noqa: E402
+from daemon.fleet.release import minisign  # noqa: E402
+from daemon.fleet.controller.publish import make_release  # noqa: E402
 from daemon.tools.broker import Broker, end_process  # noqa: E402
 from daemon.tools.demo_fleet import ACTIVITY, SECOND_BUILD, node_config  # noqa: E402
 from daemon.tools.release_server import ReleaseServer  # noqa: E402

@@ -238,10 +238,10 @@ def _watch_status(args: argparse.Namespace) -> int:
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
     if hasattr(args, "fleet_verb"):  # status, rollout, abort, rollback: the controller's exit statuses
-        from daemon.fleet.controller import run_from_args
+        from daemon.fleet.controller.controller import run_from_args
 
         return run_from_args(args, sys.stdout)
-    from daemon.fleet.commands import run
+    from daemon.fleet.controller.commands import run
 
     return EXIT_OK if run(args) else EXIT_FAIL
 

@@ -21,7 +21,7 @@ DEFAULT_CONFIG = Path("/etc/edge-inferd/config.yaml")
 CONFIG_ENV = "EDGE_INFERD_CONFIG"
 DEV_CONFIG = Path("config.yaml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# `fleet sign --claim-metric`: what `edge-inferd validate` prints by output kind (daemon/fleet/release.py
+# `fleet sign --claim-metric`: what `edge-inferd validate` prints by output kind (daemon/fleet/release/release.py
 # METRICS, which a node checks; written here so `edge-inferd -h` does not import the fleet).
 CLAIM_METRICS = ("accuracy", "roc_auc", "mae")
 # bench e2e's phases (daemon/tools/bench/plan.py: the first four run by default) and its --also
@@ -243,7 +243,7 @@ def _add_fleet(sub: argparse._SubParsersAction) -> None:
     verbs = fleet.add_subparsers(dest="fleet_command", required=True, metavar="VERB", help="one of:")
     _add_fleet_keygen(verbs)
     _add_fleet_sign(verbs)
-    from daemon.fleet.controller import add_fleet_controller_args  # the operator's verbs, with their options
+    from daemon.fleet.controller.controller import add_fleet_controller_args  # the operator's verbs, with their options
 
     add_fleet_controller_args(verbs)
 

@@ -200,3 +200,24 @@ def test_nothing_outside_the_package_imports_a_private_name_of_it():
                 private += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}"
                             for alias in node.names if alias.name.startswith("_")]
     assert private == []
+
+
+# The fleet wing's rooms (docs/architecture.md): the node's side and the operator's controller
+# run in different places and share only `release` (the release format, its signatures, the
+# desired documents, the refusal codes), which imports neither.
+FLEET_ROOMS = {"release": set(), "node": {"release"}, "controller": {"release"}}
+
+
+def test_the_fleet_rooms_keep_to_their_own_side():
+    wrong = []
+    for module, targets in GRAPH.items():
+        parts = module.split(".")
+        if parts[:2] != ["daemon", "fleet"] or len(parts) < 4:
+            continue
+        room = parts[2]
+        for target, line in targets:
+            other = target.split(".")
+            if other[:2] == ["daemon", "fleet"] and len(other) >= 4 and other[2] not in {room} | FLEET_ROOMS[room]:
+                wrong.append(f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}")
+    assert sorted({m.split(".")[2] for m in MODULES if m.startswith("daemon.fleet.")}) == sorted(FLEET_ROOMS)
+    assert wrong == []

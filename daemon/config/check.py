@@ -178,7 +178,7 @@ def _check_kind(r: Reader, m: Any, p: str, route: RouteConfig, model: Model) -> 
 class InterfaceView:
     """What the route checks read of a model, from its interface alone: a release's manifest
     describes its model's tensors, so a node checks them before a byte of the model is fetched
-    (daemon/fleet/install.py)."""
+    (daemon/fleet/node/install.py)."""
 
     def __init__(self, interface: Interface):
         self.interface = interface

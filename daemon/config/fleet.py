@@ -225,7 +225,7 @@ def _looks_like_key(entry: str) -> bool:
     return len(entry) == _KEY_B64_CHARS and entry.startswith("RW") and not entry.endswith(".pub")
 
 
-# --- Where a managed model's files are: the store's `current` release (daemon/fleet/store.py
+# --- Where a managed model's files are: the store's `current` release (daemon/fleet/node/store.py
 # writes it; the config reads it, so that start-up, a reload and the child's check all load
 # the same files) ---
 

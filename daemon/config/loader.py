@@ -103,7 +103,7 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
 
 
 def _managed_files(r: Reader, root: Mapping, models: dict[str, ModelConfig], fleet: FleetConfig) -> dict:
-    """Managed models serve the store's current release (daemon/fleet/store.py), pinned to its
+    """Managed models serve the store's current release (daemon/fleet/node/store.py), pinned to its
     manifest's sha256; before the first one, the configured files."""
     raw = root.get("models") if isinstance(root.get("models"), dict) else {}
     for name, mc in models.items():

@@ -1,4 +1,4 @@
-"""The fleet agent (daemon/fleet/agent.py) inside the running service: its topics, its host, its boot.
+"""The fleet agent (daemon/fleet/node/agent.py) inside the running service: its topics, its host, its boot.
 
 - `boot` runs before the models load: each managed model's store is recovered (a swap that a
   SIGKILL interrupted is finished, so one whole release is current), and a release whose
@@ -18,13 +18,13 @@ from typing import Callable, Optional, Sequence
 
 from daemon.config.schema import Config
 from daemon.errors import ConfigError, INTERNAL
-from daemon.fleet.agent import Agent, Host
-from daemon.fleet.fetch import FetchPolicy
-from daemon.fleet.install import Installer
-from daemon.fleet.minisign import MinisignError, load_public_key
-from daemon.fleet.records import CANARY, ROLLED_BACK, ModelRecord
-from daemon.fleet.refusal import CANARY as CANARY_CODE
-from daemon.fleet.store import ModelStore
+from daemon.fleet.node.agent import Agent, Host
+from daemon.fleet.node.fetch import FetchPolicy
+from daemon.fleet.node.install import Installer
+from daemon.fleet.release.minisign import MinisignError, load_public_key
+from daemon.fleet.node.records import CANARY, ROLLED_BACK, ModelRecord
+from daemon.fleet.release.refusal import CANARY as CANARY_CODE
+from daemon.fleet.node.store import ModelStore
 
 logger = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ class Service:
         self._link: Optional[MqttLink] = None
         self.watch = ModelWatch() if config.fleet.enabled else None  # each release's answers, for the canary
         self._http = None  # the HTTP listener (daemon/lifecycle/http.py), while the HTTP step runs
-        self._agent = None  # the fleet agent (daemon/fleet/agent.py), while the FLEET step runs
+        self._agent = None  # the fleet agent (daemon/fleet/node/agent.py), while the FLEET step runs
         self._devices: Optional[DiscoveredDevices] = None  # Home Assistant discovery; kept across reloads
         self._rate = stats_topic.RequestRate()
         self._started: list[Step] = []

@@ -22,7 +22,7 @@ class StepName(str, enum.Enum):
     WORKERS = "workers"
     METRICS = "metrics"
     INTAKE = "intake"
-    FLEET = "fleet"  # the fleet agent (daemon/fleet/agent.py), once requests flow: its swaps are hot swaps
+    FLEET = "fleet"  # the fleet agent (daemon/fleet/node/agent.py), once requests flow: its swaps are hot swaps
     HTTP = "http"  # the HTTP listener (daemon/lifecycle/http.py): last up, first down, so workers answer its requests
 
     def __str__(self) -> str:

@@ -287,7 +287,7 @@ class Model:
 
     def take_invokes(self) -> list[tuple[int, float]]:
         """(batch size, CPU seconds) of each invoke since the last call, oldest first: the
-        model's own cost, which the fleet canary compares between releases (daemon/fleet/canary.py)."""
+        model's own cost, which the fleet canary compares between releases (daemon/fleet/node/canary.py)."""
         taken = list(self._invoked)
         self._invoked.clear()
         return taken

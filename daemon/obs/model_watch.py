@@ -1,11 +1,11 @@
-"""Each model release's recent answers and invokes' CPU time, for the fleet canary (daemon/fleet/canary.py).
+"""Each model release's recent answers and invokes' CPU time, for the fleet canary (daemon/fleet/node/canary.py).
 
 Keyed by the sha256 prefix that every result carries (`model_sha256`), so an answer is
 credited to the release that made it even while a hot swap is under way (a batch in flight
 finishes on the old model). What the canary compares: the new release's answers and the CPU
 time of its invokes against the previous release's, on the same node's live traffic just before
 the swap. An invoke is kept as (batch size, CPU seconds per sample): a sample costs less in a
-larger batch, so the canary compares batch size with batch size (daemon/fleet/canary_cpu.py).
+larger batch, so the canary compares batch size with batch size (daemon/fleet/node/canary_cpu.py).
 
 Cost, when the fleet is on: under one lock per batch, a deque append per answer and one per
 invoke. Off (no fleet): nothing is built and the replier skips it.

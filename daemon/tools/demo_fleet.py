@@ -30,8 +30,9 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from daemon.config.reader import absolute_paths
-from daemon.fleet import controller, minisign
-from daemon.fleet.publish import make_release
+from daemon.fleet.controller import controller
+from daemon.fleet.release import minisign
+from daemon.fleet.controller.publish import make_release
 from daemon.tools.broker import Broker, end_process
 from daemon.tools.release_server import ReleaseServer
 from daemon.transport.mqtt import stop_loop
@@ -42,7 +43,7 @@ SECOND_BUILD = ROOT / "tests/fixtures/activity_float_io"  # ships in the sdist's
 NODES = ("gw1", "gw2", "gw3")
 # Each node's live traffic while a rollout runs, one request at a time (an invoke each).
 TRAFFIC_PER_S = 100.0
-# A canary that reaches both checks' minimums (daemon/fleet/canary.py): 200 answers of each
+# A canary that reaches both checks' minimums (daemon/fleet/node/canary.py): 200 answers of each
 # release for the PSI, 100 invokes compared for the CPU time per sample. The previous release's
 # come from before the swap: the rollout starts once every node has answered WARM_ANSWERS.
 DEMO_CANARY = {"duration_s": 2, "min_answers": 200}

@@ -11,9 +11,9 @@ import yaml
 
 from daemon.config.loader import load_config
 from tests.config.example import config_errors, example_config
-from daemon.fleet import minisign
-from daemon.fleet.publish import make_release
-from daemon.fleet.store import ModelStore
+from daemon.fleet.release import minisign
+from daemon.fleet.controller.publish import make_release
+from daemon.fleet.node.store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = minisign.generate()

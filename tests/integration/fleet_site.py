@@ -13,9 +13,9 @@ from typing import Optional
 
 import yaml
 
-from daemon.fleet import minisign
-from daemon.fleet.publish import make_release
-from daemon.fleet.release import Claim
+from daemon.fleet.release import minisign
+from daemon.fleet.controller.publish import make_release
+from daemon.fleet.release.release import Claim
 from daemon.tools.demo_fleet import node_config
 from daemon.tools.release_server import ReleaseServer
 from tests.integration.conftest import ROOT, Client, activity_payloads

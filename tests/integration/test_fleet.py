@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from daemon.fleet import minisign
+from daemon.fleet.release import minisign
 from tests.integration.conftest import Client, activity_payloads, burst
 from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, GUNPOINT, Site, claim_on, desire, permuted,
                                           reported, skewed_payloads)
@@ -181,7 +181,7 @@ KILLED_AT = {"gw1": "mid_admit", "gw2": "after_journal", "gw3": "after_current"}
 
 def test_a_node_killed_at_a_step_of_the_swap_starts_on_one_whole_release(site, start_daemon, broker, client,
                                                                         tmp_path):
-    from daemon.fleet.store import KILL_ENV
+    from daemon.fleet.node.store import KILL_ENV
     from tests.integration.conftest import Daemon
 
     configs = {node: site.config(tmp_path / node, client_id=node) for node in KILLED_AT}
@@ -249,7 +249,7 @@ def test_manual_activation_waits_staged_for_install(site, start_daemon, client, 
 
 
 def test_too_few_signatures_and_a_downgrade_are_refused(site, start_daemon, client, tmp_path):
-    from daemon.fleet.publish import add_signature
+    from daemon.fleet.controller.publish import add_signature
 
     second = minisign.generate()
     config = site.config(tmp_path / "gw1", threshold=2,

@@ -1,6 +1,6 @@
-"""`fleet rollout` and `fleet status` (daemon/fleet/controller.py) against three REAL daemons on
+"""`fleet rollout` and `fleet status` (daemon/fleet/controller/controller.py) against three REAL daemons on
 one mosquitto, with signed releases on an HTTP server (tests/integration/fleet_site.py): what
-tests/fleet/test_controller.py shows against scripted nodes, here with the nodes' own fetch,
+tests/fleet/controller/test_controller.py shows against scripted nodes, here with the nodes' own fetch,
 gate, canary and reported documents.
 
 The canary needs live answers (`canary.min_answers` 30 over `duration_s` 1): a `Traffic` thread
@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from daemon.fleet import controller
-from daemon.fleet.controller import RolloutOptions, StatusOptions
+from daemon.fleet.controller import controller
+from daemon.fleet.controller.controller import RolloutOptions, StatusOptions
 from tests.integration.conftest import ROOT, WAIT_S, Client, activity_payloads, burst
 from tests.busy import BusyLoops
 from tests.integration.fleet_site import (ACTIVITY, ACTIVITY_FLOAT_IO, SLOWER, Site, Traffic, permuted, reported,
@@ -34,7 +34,7 @@ MODEL = "activity"
 RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
 DESIRED = "edge-inferd/fleet/desired/node/"
 WAVE_TIMEOUT_S = 120.0  # bounds a failing test only: a node's whole install takes seconds
-# A canary that reaches the minimums of both checks (daemon/fleet/canary.py, canary_cpu.py): 200
+# A canary that reaches the minimums of both checks (daemon/fleet/node/canary.py, canary_cpu.py): 200
 # answers of each release for a route's PSI, 100 invokes compared for the latency; the previous
 # release's are its answers before the swap, so each node answers PREVIOUS_ANSWERS first, and the
 # requests go one at a time (an invoke per answer, as at a quiet site).
@@ -163,7 +163,7 @@ def test_a_release_the_gate_refuses_stops_on_the_first_wave_and_every_node_serve
 def _controller_process(broker, url: str, log) -> subprocess.Popen:
     call = (f"c.rollout(c.RolloutOptions({broker.address!r}, {MODEL!r}, {url!r}, 2, waves='1,2,100%', "
             f"wave_timeout_s={WAVE_TIMEOUT_S}), sys.stdout)")
-    code = f"import sys\nfrom daemon.fleet import controller as c\nsys.exit({call})"
+    code = f"import sys\nfrom daemon.fleet.controller import controller as c\nsys.exit({call})"
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
@@ -229,8 +229,8 @@ def test_an_abort_keeps_the_node_active_on_the_release_and_fleet_rollback_never_
     (untrusted_key) in wave 2, which aborts the rollout. gw1 keeps serial 3, refused nowhere as
     `operator`. Then gw1 is sent down to its kept serial 2 (as an abort once did to such a node):
     `fleet rollback` takes it on down to its configured files, never up onto the aborted 3."""
-    from daemon.fleet import minisign
-    from daemon.fleet.controller import RollbackOptions
+    from daemon.fleet.release import minisign
+    from daemon.fleet.controller.controller import RollbackOptions
     from tests.integration.fleet_site import desire
 
     fleet(gw2={"trusted_keys": [minisign.generate().public_key.line]})
@@ -260,7 +260,7 @@ def test_an_abort_keeps_the_node_active_on_the_release_and_fleet_rollback_never_
 
 
 def test_a_second_rollout_then_fleet_rollback_sends_every_node_back_to_the_first(site, fleet, broker, client):
-    from daemon.fleet.controller import RollbackOptions
+    from daemon.fleet.controller.controller import RollbackOptions
 
     fleet()
     first, second = site.release(2, "1.1.0", ACTIVITY_FLOAT_IO), site.release(3, "1.2.0")

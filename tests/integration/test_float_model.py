@@ -68,8 +68,9 @@ def test_validate_and_bench_model_run_a_float_route(tmp_path, capsys):
 
 
 def test_a_float_model_is_released_and_its_manifest_describes_a_float_interface(tmp_path):
-    from daemon.fleet import minisign, publish
-    from daemon.fleet.release import MANIFEST_NAME
+    from daemon.fleet.release import minisign
+    from daemon.fleet.controller import publish
+    from daemon.fleet.release.release import MANIFEST_NAME
 
     publish.make_release(tmp_path / "r", "activity", "1", 1, FLOAT, LABELS, minisign.generate())
     manifest = json.loads((tmp_path / "r" / MANIFEST_NAME).read_text())
@@ -77,7 +78,7 @@ def test_a_float_model_is_released_and_its_manifest_describes_a_float_interface(
     assert spec["dtype"] == "float32" and manifest["interface"]["quantized_tensors"] == 0
     # The node's gate measures it on the route's own data beside the running INT8 model.
     from daemon.config.loader import load_config
-    from daemon.fleet.gate_check import report
+    from daemon.fleet.node.gate_check import report
 
     gated = report(load_config(write_config(tmp_path)), "activity", tmp_path / "r")
     figures = gated["activity"]
