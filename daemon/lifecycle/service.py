@@ -17,7 +17,6 @@ an ordered restart of the steps from the first one a change affects.
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import time
@@ -27,8 +26,9 @@ from daemon.cache.result_cache import ResultCache
 from daemon.config.fleet import node_topics
 from daemon.config.loader import load_config
 from daemon.config.schema import Config
-from daemon.errors import DaemonError
-from daemon.lifecycle import drift_reference, reload
+from daemon.lifecycle import drift_reference
+from daemon.lifecycle.gc_settle import settle_gc
+from daemon.lifecycle.reload_apply import Reloads
 from daemon.lifecycle.link import open_link
 from daemon.lifecycle.models import load_models, worker_models
 from daemon.lifecycle.notify import Notifier
@@ -64,7 +64,7 @@ IDLE_CHECK_MIN_S = 0.05
 MODEL_VERSION_CHARS = 12
 
 
-class Service:
+class Service(Reloads):
     def __init__(self, config: Config, signals: Optional[SignalQueue] = None,
                  reread: Optional[Callable[[], Config]] = None, notifier: Optional[Notifier] = None):
         """`reread` reads the config again for a reload (default: its source file, models unchecked).
@@ -253,66 +253,6 @@ class Service:
             logger.info("%s: draining and stopping (up to %.0fs)", name, self.config.workers.drain_timeout_s)
             self._stopping = True
 
-    def _reload(self) -> None:
-        self.reload("SIGHUP")
-
-    def reload(self, reason: str) -> Optional[str]:
-        """SIGHUP, or the fleet agent's swap: verify the re-read config in a child, then apply it; on
-        failure keep serving. None when applied (or nothing changed), else why it was not."""
-        logger.info("%s: reloading %s", reason, self.config.source)
-        self.stats.incr("reloads")
-        try:
-            new = self._reread()
-            change = reload.plan(self.config, new, {name: m.fingerprint for name, m in self._models.items()})
-            if not change.changed:
-                logger.info("reload: nothing to apply%s", _ignored(change))
-                return None
-            problem = reload.verify(new.source, while_waiting=lambda: self._notifier.watchdog(self._progressing()))
-            if problem is not None:
-                raise DaemonError(f"the new config or a model failed its check in a child process ({problem})")
-            self._apply(new, change)
-            settle_gc()
-            return None
-        except Exception as exc:  # whatever fails, the running config and models keep serving
-            self.stats.incr("reload_failures")
-            logger.error("reload failed; still serving the running config and models: %s", exc)
-            return str(exc)
-
-    def _apply(self, new: Config, change: "reload.Plan") -> None:
-        old, old_models = self.config, self._models
-        if change.restart_from is not None:
-            self._restart_from(change.restart_from, new, change.digests)
-        else:
-            try:
-                self.config = new
-                self._pins = dict(change.digests)
-                self._load_models(change.changed_models)
-                pipes = route_pipelines(self.config, self._models)
-                # changed models: new references
-                drift_reference.configure(self.drift, self.config, pipes, self._models)
-                self._serving.swap(pipes, self._worker_models)
-            except Exception:
-                self.config, self._models = old, old_models
-                raise
-        logger.info("reload: applied (%s)%s", f"restarted from {change.restart_from}" if change.restart_from else
-                    "models swapped: " + ", ".join(sorted(change.changed_models)), _ignored(change))
-
-    def _restart_from(self, first: StepName, new: Config, digests: dict) -> None:
-        """Stop the started steps down to `first` (in reverse, draining), start them again with `new`;
-        if that fails, the old config is started again."""
-        names = [step.name for step in self.steps()]
-        index = names.index(first)
-        self._stop_down_to(index)
-        old, self.config = self.config, new
-        try:
-            self._start_steps(index, digests)
-        except Exception as exc:
-            logger.error("reload: starting %s with the new config failed (%s); back to the old config", first, exc)
-            self._stop_down_to(index)
-            self.config = old
-            self._start_steps(index, {})
-            raise DaemonError(f"the new config failed to start: {exc}") from exc
-
     def _start_steps(self, index: int, digests: dict, label: str = "reload") -> None:
         """Start the steps from `index` on, the models pinned to `digests` (a reload's check)."""
         self._pins = dict(digests)
@@ -413,18 +353,3 @@ class Service:
 
     def uptime_s(self) -> float:
         return time.monotonic() - self._started_at
-
-
-def settle_gc() -> None:
-    """Once serving: what start-up made (modules, config, models, the serving parts) lives as long
-    as the daemon, so it is moved out of the collector's reach (`gc.freeze`), and a full collection
-    walks only what requests made. Measured on a 4,000-request burst (tools/dev/profile_gc.py): GC CPU
-    per answer 6.6 -> 3.7 us, full collections (~15 ms each) 0.2 per 1,000 answers -> 0. Called again
-    after a reload, unfrozen first so that the replaced parts can be collected."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
-def _ignored(change: "reload.Plan") -> str:
-    return "".join(f"; {name} changed: restart the daemon to apply it" for name in change.ignored)

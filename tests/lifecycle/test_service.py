@@ -10,7 +10,8 @@ from daemon.config.schema import WorkersConfig
 from daemon.config.loader import load_config
 from daemon.errors import ModelError
 from daemon.lifecycle.link import receive_maximum
-from daemon.lifecycle.service import Service, settle_gc
+from daemon.lifecycle.gc_settle import settle_gc
+from daemon.lifecycle.service import Service
 from daemon.lifecycle.signals import ForcedExit
 from daemon.lifecycle.steps import Step
 
