@@ -81,7 +81,7 @@ if [ ! -x .venv/bin/python ]; then
     # shellcheck disable=SC2086
     python3 -m venv $venv_flags .venv
 fi
-test_modules="daemon, $runtime_module, paho.mqtt, diskcache, yaml, pytest, PIL, orjson, hypothesis, prometheus_client, mqtt5, cryptography, mkdocs, material"
+test_modules="daemon, $runtime_module, paho.mqtt, diskcache, yaml, pytest, xdist, PIL, orjson, hypothesis, prometheus_client, mqtt5, cryptography, mkdocs, material"
 case "$(uname -m)" in x86_64|aarch64) test_modules="$test_modules, tritonclient.http" ;; esac
 if ! .venv/bin/python -c "import $test_modules" 2>/dev/null; then
     echo "setup: installing edge-inferd[$extras] into .venv (a minute or two; on armv7 Pillow is compiled)" >&2

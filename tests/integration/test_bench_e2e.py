@@ -28,8 +28,9 @@ from tests.integration.conftest import ROOT
 BENCH_TIMEOUT_S = 180
 REQUESTS = 120
 
-pytestmark = pytest.mark.skipif(shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,
-                                reason="bench e2e needs the mosquitto C clients: apt-get install mosquitto-clients")
+pytestmark = [pytest.mark.serial,  # benchmarks: run alone (scripts/test.sh)
+              pytest.mark.skipif(shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,
+                                 reason="bench e2e needs the mosquitto C clients: apt-get install mosquitto-clients")]
 
 
 def _all_answered(row: dict, sent: int, overload: bool = False) -> None:

@@ -310,6 +310,7 @@ def _rollout_under_load(client: Client, load: BusyLoops, options: RolloutOptions
     return result.get("code", -1), result.get("out", "the rollout did not end")
 
 
+@pytest.mark.serial  # a busy loop per core: run alone (scripts/test.sh)
 def test_on_three_busy_nodes_identical_bytes_pass_a_judged_canary_and_a_slower_build_is_rolled_back(
         site, fleet, broker, client):
     """The issue's site: three nodes on one 2-core machine, here with a busy loop on each core

@@ -27,6 +27,8 @@ from daemon.tools.bench.workload import build_workload
 from daemon.obs.stats_topic import stopped_stats
 from tests.integration.conftest import ROOT
 
+pytestmark = pytest.mark.serial  # measures the drain capacity, then 2x it: run alone (scripts/test.sh)
+
 ROUNDS = 2
 DRAIN_REQUESTS = 4000
 OVERLOAD_S = 10.0
