@@ -201,6 +201,7 @@ def test_after_the_fuzz_and_a_slow_client_mqtt_and_http_still_serve(served):
     assert daemon.proc.poll() is None
 
 
+@pytest.mark.serial  # an 80 ms request timeout against ~7.5 ms a row: run alone (scripts/test.sh)
 def test_a_request_past_its_timeout_gets_504_and_one_past_the_queue_budget_503(tmp_path, client, start_daemon):
     port = free_port()
     route = {**LARGE_ROUTE, "name": "large"}
