@@ -35,13 +35,17 @@ OVERLOAD_S = 10.0
 # The issue's load: 8,000/s was 2x the drain capacity where the loss was seen; a faster host gets 2x its own.
 MIN_RATE = 8000.0
 ROUTE = "gunpoint"
+# How long the replies may pause before the count is taken: the issue counted them after a 60-90 s
+# wait. Under a sustained overload the replies wait behind the broker's backlog (docs/reliability.md)
+# and come all at once after it: on a box busy with other work that pause passed 15 s.
+SETTLE_S = 60.0
 
 
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="mosquitto_pub missing: apt-get install "
                     "mosquitto-clients (./scripts/setup.sh does this)")
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_twice_the_drain_capacity_without_deadlines_loses_nothing(tmp_path, broker, round_):
-    plan = Plan(config=ROOT / "config.yaml", out=tmp_path, route=ROUTE, settle=15.0)
+    plan = Plan(config=ROOT / "config.yaml", out=tmp_path, route=ROUTE, settle=SETTLE_S)
     workload = build_workload(plan.config, ROUTE)
     bench = Bench(f"127.0.0.1:{broker.port}", tmp_path, plan, reply_filters=(workload.reply_topic,))
     try:
