@@ -15,33 +15,30 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from daemon.errors import ModelError
+from daemon.model.interface import DYNAMIC, dynamic_dims
 
 # What `inspect` tries for a dynamic dimension, smallest first: 1, then sizes audio and sensor
 # front ends are commonly fed (a 10 ms hop at 16 kHz, 80 ms, 1 s).
 INSPECT_SIZES = (1, 160, 1280, 16000)
-DYNAMIC = -1
 
 
-def dynamic_dims(signature: Sequence[int]) -> list[int]:
-    """The dimensions past the batch (index 0) that the model leaves dynamic."""
-    return [k for k, v in enumerate(signature) if k > 0 and v == DYNAMIC]
-
-
-def _input(interp: Any) -> Optional[dict]:
+def _input(interp: Any) -> Optional[tuple[dict, list[int]]]:
+    """The one input's details and shape signature (None for several: refused elsewhere, by name)."""
     details = interp.get_input_details()
-    return details[0] if len(details) == 1 else None  # several inputs are refused elsewhere, by name
+    if len(details) != 1:
+        return None
+    detail = details[0]
+    return detail, [int(v) for v in detail.get("shape_signature", detail["shape"])]
 
 
 def size_input(interp: Any, sample_shape: Optional[Sequence[int]], path: Any) -> None:
     """Before allocate_tensors(): resize a dynamic input to [batch, *sample_shape]; ModelError
     when it has a dynamic dimension and no shape was given, or a shape that does not fit it."""
-    detail = _input(interp)
-    if detail is None:
-        return
-    signature = [int(v) for v in detail.get("shape_signature", detail["shape"])]
-    dims = dynamic_dims(signature)
+    found = _input(interp)
+    dims = dynamic_dims(found[1]) if found is not None else []
     if not dims:
         return
+    detail, signature = found
     name = detail["name"]
     if sample_shape is None:
         raise ModelError(path, f"its input {name} has dynamic dimension(s) {dims} (shape signature {signature}): "
@@ -58,10 +55,8 @@ def size_input(interp: Any, sample_shape: Optional[Sequence[int]], path: Any) ->
 
 def inspect_sizes(interp: Any) -> list[list[int]]:
     """Sample shapes for `inspect` to try, one per INSPECT_SIZES (empty: nothing dynamic)."""
-    detail = _input(interp)
-    if detail is None:
+    found = _input(interp)
+    if found is None or not dynamic_dims(found[1]):
         return []
-    signature = [int(v) for v in detail.get("shape_signature", detail["shape"])]
-    if not dynamic_dims(signature):
-        return []
+    signature = found[1]
     return [[size if v == DYNAMIC else v for v in signature[1:]] for size in INSPECT_SIZES]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -31,6 +31,14 @@ DELEGATE_OP = "DELEGATE"
 INTEGER_INPUTS = (np.dtype(np.int8), np.dtype(np.uint8))
 FLOAT_INPUT = np.dtype(np.float32)
 _QUANTIZED_KINDS = "iu"
+
+
+DYNAMIC = -1  # a dimension the converter left open, in a shape signature
+
+
+def dynamic_dims(signature: Sequence[int]) -> list[int]:
+    """The dimensions past the batch (index 0) that a shape signature leaves dynamic (dynamic.py)."""
+    return [k for k, v in enumerate(signature) if k > 0 and v == DYNAMIC]
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ class TensorSpec:
         span = self.real_range()
         real = f"; real values {span[0]:.4g} .. {span[1]:.4g}" if span else ""
         batch = "dynamic batch" if self.signature and self.signature[0] == -1 else f"batch {self.shape[0]}"
-        dims = [k for k, v in enumerate(self.signature) if k > 0 and v == -1]
+        dims = dynamic_dims(self.signature)
         if dims:  # sized for this reading only: a route's input.shape sizes it (dynamic.py)
             batch += f"; dynamic dimension(s) {dims}, signature {list(self.signature)}, sized here to try it"
         return f"{self.name}: {self.dtype} {list(self.shape)} ({batch}; {quant}{real})"

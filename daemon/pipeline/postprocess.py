@@ -13,6 +13,7 @@ in that row; each kind reads its own part:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -27,6 +28,8 @@ VALUE_DECIMALS = 6
 # A `values` reply without output.outputs carries each output of at most this many values: a
 # segmentation mask (256 x 256) or a heatmap stack would make every reply megabytes of JSON.
 VALUES_DEFAULT_MAX = 4096
+# Routes with `decode: anchors` whose heads are remembered (a reload's new ones push out the old).
+ANCHOR_ROUTES_CACHED = 64
 
 
 Labelled = Callable[[int], str]  # a label by output index or class id
@@ -114,7 +117,14 @@ def _anchor_detections(route: RouteConfig, decode: AnchorDecode, outputs: ModelO
                        row: np.ndarray) -> list[detect.Detection]:
     """Raw SSD heads (output.decode: anchors): MediaPipe's decode and NMS, then the route's own
     min_score and max_results, as every detector's."""
-    boxes, scores = find_outputs(decode, outputs.shapes)  # checked at check-config: it cannot fail here
+    boxes, scores = _anchor_heads(decode, outputs.shapes)
     found = anchors.detections(outputs.part(row, boxes), outputs.part(row, scores), anchors.ssd_anchors(decode.anchors),
                                decode)
     return [d for d in found if d.score >= route.min_score][: route.max_results]
+
+
+@lru_cache(maxsize=ANCHOR_ROUTES_CACHED)
+def _anchor_heads(decode: AnchorDecode, shapes: tuple) -> tuple[int, int]:
+    """Which outputs hold the boxes and the scores: found once per route and model, not per reply
+    (checked at check-config: it cannot fail here)."""
+    return find_outputs(decode, shapes)
