@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A build of a model that does its graph N times per sample and answers exactly as it does: the
-fleet canary's really slower release (tests/fleet/node/test_canary_cpu.py, tests/integration/test_fleet_rollout.py).
+fleet canary's really slower release (tests/fleet/node/test_canary_probe.py, tests/integration/test_fleet_rollout.py).
 
     python tools/slower_build.py                     # models/activity -> tests/fixtures/activity_x3 (5 copies)
     python tools/slower_build.py SRC_DIR OUT_DIR --copies 3
@@ -8,7 +8,7 @@ fleet canary's really slower release (tests/fleet/node/test_canary_cpu.py, tests
 The model's graph is laid out `copies` times side by side: every copy reads the same input
 tensor and shares the weights (buffers), and MAXIMUM ops join the copies' outputs into the one
 graph output. The copies compute the same int8 tensor with the same quantization, so the maximum
-is that tensor: the answers are bit for bit the original's (tests/fleet/node/test_canary_cpu.py
+is that tensor: the answers are bit for bit the original's (tests/fleet/node/test_canary_probe.py
 checks it on the test split). The join also reads every copy's result, so no runtime may drop a
 copy as dead (litert 2.3 runs an unread copy all the same: measured, 39 against 40 us). Needs
 only what the daemon installs (ai-edge-litert's schema, flatbuffers), no training extra.
@@ -28,7 +28,8 @@ from ai_edge_litert import schema_py_generated as schema
 
 ROOT = Path(__file__).resolve().parent.parent
 # Five copies of the activity graph: 3.4x its CPU time per sample at batch 1 when alone (the
-# invoke's fixed cost is not copied), 2.5-3.9x on a busy machine (tests/fleet/node/test_canary_cpu.py).
+# invoke's fixed cost is not copied); 3.8-4.1x invoked back to back beside the original, quiet or
+# busy (tests/fleet/node/test_canary_probe.py).
 COPIES = 5
 
 

@@ -71,9 +71,10 @@ class CanaryConfig:
     max_internal_rate: float = 0.01
     """Share of the new release's requests answered `internal`; above it, back to the previous."""
     max_latency_ratio: float = 2.0
-    """The model's CPU time per sample (10th percentile per batch size) of the new release against the
-    previous release's on the same node; above it, back to the previous. CPU time, not the wall
-    clock: on a busy machine the wall clock rolled back identical bytes."""
+    """The model's CPU time per sample of the new release against the previous release's, both
+    loaded side by side on the node when the canary starts and invoked in turn (10th percentile
+    of each); above it, back to the previous. CPU time, not the wall clock: on a busy machine the
+    wall clock rolled back identical bytes."""
     max_psi: float = 0.25
     """PSI of the new answers (top-1 classes, or anomaly scores) against the previous release's
     answers on the same live traffic (docs/drift.md); above it, back to the previous. null: not

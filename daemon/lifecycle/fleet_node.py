@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from daemon.config.model_files import open_model
 from daemon.config.schema import Config
 from daemon.errors import ConfigError, INTERNAL
 from daemon.fleet.node.agent import Agent, Host
@@ -25,6 +26,7 @@ from daemon.fleet.release.minisign import MinisignError, load_public_key
 from daemon.fleet.node.records import CANARY, ROLLED_BACK, ModelRecord
 from daemon.fleet.release.refusal import CANARY as CANARY_CODE
 from daemon.fleet.node.store import ModelStore
+from daemon.model.runtime import Model
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,10 @@ class ServiceHost:
     def model_sha256(self, model: str) -> str:
         info = self._service.models.get(model)
         return info.sha256 if info is not None else ""
+
+    def open_model(self, model: str) -> Model:
+        """A copy of model `model` as the config names it now, at its native batch (the canary's probe)."""
+        return open_model(self._service.config, model, max_batch=1)
 
     def uptime_s(self) -> float:
         return self._service.uptime_s()

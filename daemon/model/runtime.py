@@ -294,18 +294,22 @@ class Model:
 
     def _invoke(self, q: np.ndarray) -> np.ndarray:
         interp = self._interpreter(q.shape[0])
-        interp.set_tensor(self.input.index, q)
         n = q.shape[0]
-        # This thread's CPU time, not the wall clock: the invoke runs on the calling thread (litert,
-        # threads: 1: its process time equals this thread's), and the clock stops while another
-        # process holds the core, so a busy machine does not read as a slower model.
-        started = time.thread_time()
-        interp.invoke()
-        self._invoked.append((n, time.thread_time() - started))
+        self._invoked.append((n, self.cpu_invoke(q, interp)))
         if len(self.outputs) == 1:
             return from_model(self.output, interp.get_tensor(self.output.index)).reshape(n, -1)
         return np.concatenate([from_model(spec, interp.get_tensor(spec.index)).reshape(n, -1)
                                for spec in self.outputs], axis=1)
+
+    def cpu_invoke(self, q: np.ndarray, interp: Any = None) -> float:
+        """One invoke of the input tensor `q`; its CPU seconds on this thread, not the wall clock:
+        the invoke runs on the calling thread (litert, threads: 1: its process time equals this
+        thread's), and the clock stops while another process holds the core."""
+        interp = interp or self._interpreter(q.shape[0])
+        interp.set_tensor(self.input.index, q)
+        started = time.thread_time()
+        interp.invoke()
+        return time.thread_time() - started
 
     def warm_up(self) -> None:
         """Build and run every bucket's interpreter once (arenas grow at the first invoke), then

@@ -66,12 +66,13 @@ def test_a_release_goes_from_desired_to_active_and_serves(site, start_daemon, cl
     assert entry["version"] == "1.1.0" and entry["previous"] is None and entry["rejected"] == []
     assert entry["gate"]["passed"] and entry["gate"]["routes"]["activity"]["metric"] == "accuracy"
     assert entry["canary"]["answers"] >= 30
-    canary = entry["canary"]  # 20 answers before the swap and 30 after: short of both minimums, and it says so
-    assert canary["latency_ratio"] is None and canary["psi"] is None
-    assert re.fullmatch(r"latency: \d+ of 100 invokes compared \(new release \d+, previous \d+\)",
-                        canary["not_judged"][0]), canary
+    canary = entry["canary"]  # 20 answers before the swap and 30 after: short of PSI's minimum, and it says so
+    assert canary["psi"] is None and len(canary["not_judged"]) == 1, canary
     assert re.fullmatch(r"PSI of route 'activity': \d+ of 200 answers \(new release \d+, previous 20\)",
-                        canary["not_judged"][1]), canary
+                        canary["not_judged"][0]), canary
+    # The latency is judged whatever the traffic: the two releases' copies invoked in turn. 1.1.0 is
+    # the activity model with a float32 interface: the same graph, with a quantize step of its own.
+    assert 0.5 < canary["latency_ratio"] < 2 and canary["latency_invokes"] >= 100, canary
     assert (tmp_path / "gw1/store/activity/current").resolve().name == "2"
 
 

@@ -34,8 +34,8 @@ MODEL = "activity"
 RECORD = f"edge-inferd/fleet/rollout/{MODEL}"
 DESIRED = "edge-inferd/fleet/desired/node/"
 WAVE_TIMEOUT_S = 120.0  # bounds a failing test only: a node's whole install takes seconds
-# A canary that reaches the minimums of both checks (daemon/fleet/node/canary.py, canary_cpu.py): 200
-# answers of each release for a route's PSI, 100 invokes compared for the latency; the previous
+# A canary that reaches the PSI's minimum (daemon/fleet/node/canary.py; the latency needs no
+# traffic: canary_probe.py): 200 answers of each release for a route's PSI; the previous
 # release's are its answers before the swap, so each node answers PREVIOUS_ANSWERS first, and the
 # requests go one at a time (an invoke per answer, as at a quiet site).
 JUDGING_CANARY = {"duration_s": 1, "min_answers": 200}

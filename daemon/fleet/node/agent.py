@@ -25,7 +25,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from daemon.config.fleet import MANUAL, release_files
 from daemon.config.mqtt import fleet_group_topic
 from daemon.config.schema import Config
-from daemon.fleet.node import canary, commands_node, ha_update
+from daemon.fleet.node import canary, canary_probe, commands_node, ha_update
 from daemon.fleet.release import desired
 from daemon.fleet.node.install import Installer
 from daemon.fleet.node.records import (ACTIVE, CANARY, DOWNLOADING, FAILED, IDLE, ROLLED_BACK, STAGED, VERIFYING,
@@ -59,15 +59,18 @@ class Host(Protocol):
     def apply(self, reason: str) -> Optional[str]: ...
     def internal_errors(self, routes: Sequence[str]) -> int: ...
     def model_sha256(self, model: str) -> str: ...
+    def open_model(self, model: str) -> canary_probe.Probed: ...
     def uptime_s(self) -> float: ...
 
 
 class _Canary:
     """A canary under way: since when, the new release's sha256, the previous release's answers
-    just before the swap, the internal count before it."""
+    just before the swap, the internal count before it, and the releases' probe (canary_probe.py)."""
 
-    def __init__(self, started: float, new_sha: str, previous: ReleaseWindow, internal_before: int):
+    def __init__(self, started: float, new_sha: str, previous: ReleaseWindow, internal_before: int,
+                 probe: Optional[canary_probe.Probe] = None):
         self.started, self.new_sha, self.previous, self.internal_before = started, new_sha, previous, internal_before
+        self.probe = probe
 
 
 class Agent:
@@ -259,6 +262,7 @@ class Agent:
         store, record = self.stores[name], self.records[name]
         watch = self._host.watch
         previous = watch.window(self._host.model_sha256(name)[:SHA_PREFIX])  # before the swap: the same sha may come back
+        previous_copy = canary_probe.copy_of(lambda: self._host.open_model(name))  # the bytes serving now
         record.staged, record.canary_serial, record.restarts = None, serial, 0
         store.write_state({**record.as_state(), "state": CANARY})  # a kill from here on resumes the canary at start
         before = store.current()
@@ -273,7 +277,9 @@ class Agent:
             raise Refused(LOAD, f"the swap failed and the previous release serves on: {problem}")
         new_sha = self._host.model_sha256(name)
         watch.forget(new_sha[:SHA_PREFIX])
-        self._canaries[name] = _Canary(self._clock(), new_sha, previous, self._host.internal_errors(self._routes(name)))
+        probe = canary_probe.against(previous_copy, lambda: self._host.open_model(name))
+        self._canaries[name] = _Canary(self._clock(), new_sha, previous, self._host.internal_errors(self._routes(name)),
+                                       probe)
         logger.info("fleet: %s serial %d swapped in (sha256 %s); canary for %g s and %d answers", name, serial,
                     new_sha[:12], self._fleet.canary.duration_s, self._fleet.canary.min_answers)
         self._set(name, CANARY, progress=None, error=None)
@@ -297,7 +303,7 @@ class Agent:
             watch = self._host.watch
             verdict = canary.judge(self._fleet.canary, watch.window(run.new_sha[:SHA_PREFIX]), run.previous,
                                    self._host.internal_errors(self._routes(name)) - run.internal_before,
-                                   self._clock() - run.started, self._routes(name))
+                                   self._clock() - run.started, self._routes(name), run.probe)
             self.records[name].canary = {**verdict.figures, "restarts": self.records[name].restarts}
             if verdict.outcome == canary.PASS:
                 del self._canaries[name]

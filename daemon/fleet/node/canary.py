@@ -3,9 +3,10 @@
 Pure: it reads two release windows (daemon/obs/model_watch.py) and the internal-error count
 since the swap, and says `pass`, `fail` (with why) or `wait`. Judged:
 - internal errors: their share of the new release's requests, at most `max_internal_rate`;
-- latency: the model's CPU time per sample, a low quantile per batch size, against the previous
-  release's, at most `max_latency_ratio` (canary_cpu.py says why CPU time and not the wall clock:
-  a busy machine must not roll back identical bytes); judged once LATENCY_MIN_INVOKES are compared;
+- latency: the model's CPU time per sample against the previous release's, both invoked in turn in
+  this process when the canary starts, at most `max_latency_ratio` (canary_probe.py says why, and
+  why not the live invokes: a busy machine must not roll back identical bytes nor pass a slower
+  build). The live invokes' ratio (canary_cpu.py) is shown beside it, not judged;
 - answers: PSI of the new release's answers against the previous release's last answers before
   the swap, per route, at most `max_psi` (judged once both have PSI_MIN_ANSWERS): top-1
   labels for a classifier (by name: the same model with its labels permuted answers differently), the score in bins cut at the previous answers' deciles for an
@@ -25,7 +26,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from daemon.config.fleet import CanaryConfig
-from daemon.fleet.node.canary_cpu import LATENCY_MIN_INVOKES, CpuRatio, cpu_ratio
+from daemon.fleet.node.canary_cpu import cpu_ratio
+from daemon.fleet.node.canary_probe import Probe
 from daemon.obs.drift import SCORE_BINS, psi
 from daemon.obs.model_watch import ReleaseWindow
 
@@ -43,8 +45,9 @@ class Verdict:
 
 
 def judge(config: CanaryConfig, new: ReleaseWindow, previous: ReleaseWindow, internal: int, elapsed_s: float,
-          routes: Sequence[str]) -> Verdict:
-    """`internal`: the model's routes' `internal` replies since the swap; `routes`: those routes."""
+          routes: Sequence[str], probe: Optional[Probe] = None) -> Verdict:
+    """`internal`: the model's routes' `internal` replies since the swap; `routes`: those routes;
+    `probe`: the releases invoked in turn (None: no copy of the previous release, after a restart)."""
     answers = new.seen
     figures: dict = {"answers": answers, "min_answers": config.min_answers, "elapsed_s": round(elapsed_s, 1),
                      "duration_s": config.duration_s}
@@ -54,12 +57,15 @@ def judge(config: CanaryConfig, new: ReleaseWindow, previous: ReleaseWindow, int
     if requests and rate > config.max_internal_rate:
         return Verdict(FAIL, f"{internal} of {requests} requests answered internal ({rate:.1%} > "
                        f"fleet.canary.max_internal_rate {config.max_internal_rate:.1%})", figures)
-    cpu = cpu_ratio(new.invokes, previous.invokes)
-    figures.update(latency_ratio=None if cpu.ratio is None else round(cpu.ratio, 3), latency_invokes=cpu.compared)
-    if cpu.ratio is not None and cpu.ratio > config.max_latency_ratio:
-        return Verdict(FAIL, f"CPU time per sample is {cpu.ratio:.2f}x the previous release's (10th percentile per "
-                       f"batch size, {cpu.compared} invokes compared; fleet.canary.max_latency_ratio "
-                       f"{config.max_latency_ratio:g})", figures)
+    ratio = probe.ratio if probe is not None else None
+    live = cpu_ratio(new.invokes, previous.invokes).ratio
+    figures.update(latency_ratio=None if ratio is None else round(ratio, 3),
+                   latency_invokes=probe.pairs if probe is not None else 0,
+                   live_latency_ratio=None if live is None else round(live, 3))
+    if ratio is not None and ratio > config.max_latency_ratio:
+        return Verdict(FAIL, f"CPU time per sample is {ratio:.2f}x the previous release's ({probe.new_us:.1f} us "
+                       f"against {probe.previous_us:.1f}, {probe.pairs} invokes of each in turn; "
+                       f"fleet.canary.max_latency_ratio {config.max_latency_ratio:g})", figures)
     by_route = {route: _route_answers(new, previous, route) for route in routes}
     judged = [(route, value) for route, (value, _, _) in by_route.items() if value is not None]
     worst = max(judged, key=lambda item: item[1]) if judged else None
@@ -67,20 +73,22 @@ def judge(config: CanaryConfig, new: ReleaseWindow, previous: ReleaseWindow, int
     if worst is not None and config.max_psi is not None and worst[1] > config.max_psi:
         return Verdict(FAIL, f"route {worst[0]!r}: its answers moved from the previous release's on the same "
                        f"traffic (PSI {worst[1]:.3f} > fleet.canary.max_psi {config.max_psi:g})", figures)
-    figures["not_judged"] = _not_judged(cpu, by_route, config.max_psi is not None)
+    figures["not_judged"] = _not_judged(probe, by_route, config.max_psi is not None)
     if elapsed_s >= config.duration_s and answers >= config.min_answers:
         unjudged = "; not judged: " + "; ".join(figures["not_judged"]) if figures["not_judged"] else ""
         return Verdict(PASS, f"{answers} answers in {elapsed_s:.0f} s{unjudged}", figures)
     return Verdict(WAIT, "watching", figures)
 
 
-def _not_judged(cpu: CpuRatio, by_route: dict, psi_on: bool) -> list[str]:
+def _not_judged(probe: Optional[Probe], by_route: dict, psi_on: bool) -> list[str]:
     """What the canary has not judged yet, and how far each is from its minimum (the reported
     document's `canary.not_judged`, and a pass's reason)."""
     notes = []
-    if cpu.ratio is None:
-        notes.append(f"latency: {cpu.compared} of {LATENCY_MIN_INVOKES} invokes compared (new release "
-                     f"{cpu.new}, previous {cpu.previous})")
+    if probe is None:
+        notes.append("latency: no copy of the previous release to invoke beside the new one (a canary "
+                     "resumed after a restart)")
+    elif probe.ratio is None:
+        notes.append(f"latency: {probe.note}")
     for route, (value, after, before) in by_route.items():
         if value is None and psi_on:
             fewest = min(after, before)
