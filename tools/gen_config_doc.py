@@ -36,6 +36,7 @@ from daemon.config import homeassistant as config_ha  # noqa: E402
 from daemon.config import http as config_http  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
+from daemon.config import stream as config_stream  # noqa: E402
 from daemon.config import anchors as config_anchors  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
 from daemon.model import preprocess  # noqa: E402
@@ -117,7 +118,7 @@ As with `raw`, the reply's `"id"` is null.
 }
 
 OUT = ROOT / "docs" / "config.md"
-SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse",
+SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse", "stream",
                                                                                     "anchors", "drift", "homeassistant", "http", "fleet"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
@@ -140,6 +141,13 @@ SECTIONS = (
     Section("routes[]", config.RouteConfig, "routes", "A list: each route maps a topic filter to a model. Its "
             "`input` section (required) is described under `routes[].input`."),
     Section("routes[].input", config.InputConfig, None, "See Input formats below."),
+    Section("routes[].input.stream", config_stream.StreamConfig, None,
+            "Optional. Each message carries one or more samples of a device's stream (JSON `data`, raw bytes in "
+            "`dtype`, or pcm16); the samples of each stream make windows of `input.shape`, one every `hop` samples, "
+            "and each window is inferred as a request is. A window's reply adds `stream`, `first_seq` and "
+            "`last_seq` (or `first_at` and `last_at`, Unix seconds of arrival), and `gap` (with `gap_reason`: "
+            "`new`, `seq` or `silence`, and `missed` samples) when the stream's window started again before it. "
+            "A message that completes no window gets no reply (docs/streams.md)."),
     Section("routes[].output (decode: anchors)", config_anchors.AnchorDecode, None,
             "A detector's raw SSD heads (no TFLite_Detection_PostProcess: one tensor of box and keypoint offsets per "
             "anchor, one of class scores), decoded as MediaPipe's TensorsToDetectionsCalculator does, in its words: "

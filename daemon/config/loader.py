@@ -25,6 +25,7 @@ from daemon.config.http import read_http
 from daemon.config.mqtt import PORT_LIMIT, MqttConfig, read_mqtt
 from daemon.config.reader import Reader, field_names, load_yaml, optional_float, read_steps, systemd_base
 from daemon.config.reuse import read_reuse
+from daemon.config.stream import read_stream
 from daemon.config.anchors import ANCHOR_DECODE_KEYS, read_anchor_decode
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
@@ -149,11 +150,15 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
     data = r.get(gate, "data", f"{p}.validate", str, None, required=bool(gate))
     if data is not None and not (base / data).is_file():
         r.error(gate, "data", f"{p}.validate", f"{base / data}: file not found")
+    spec = _read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input")
+    for key in ("min_interval_ms", "coalesce"):
+        if spec.stream is not None and key in m:
+            r.error(m, key, p, "does not apply to a stream route: each message carries samples, not a request")
     return RouteConfig(
         name=r.get(m, "name", p, str, "", required=True),
         subscribe=subscribe,
         model=r.get(m, "model", p, str, "", required=True),
-        input=_read_input(r, r.section(m, "input", InputConfig, path=f"{p}.input", required=True), f"{p}.input"),
+        input=spec,
         preprocess=read_steps(r, m, p),
         publish=publish,
         validate_data=None if data is None else base / data,
@@ -222,6 +227,7 @@ def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
         resize=r.get(m, "resize", p, str, STRETCH, choices=RESIZE_MODES),
         max_pixels=r.get(m, "max_pixels", p, int, DEFAULT_MAX_PIXELS, minimum=1),
         decode=r.get(m, "decode", p, str, "fast", choices=DECODE_MODES),
+        stream=read_stream(r, m, p, fmt, tuple(shape or ())),
     )
 
 

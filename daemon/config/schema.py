@@ -20,6 +20,7 @@ from daemon.config.homeassistant import HomeAssistantConfig
 from daemon.config.http import HttpConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
+from daemon.config.stream import StreamConfig
 from daemon.errors import ConfigError
 
 _MIB = 1 << 20
@@ -97,6 +98,10 @@ class InputConfig:
     libjpeg (Pillow's draft mode) before the resize; `exact` decodes it at full size. The scaled
     DCT moves scores a little (docs/performance.md has the time saved and the score differences on
     real photos); PNGs and small JPEGs decode the same either way."""
+    stream: Optional[StreamConfig] = None
+    """Messages that each carry one or more samples of a device's stream, made into windows of
+    `input.shape` (`routes[].input.stream` below; docs/streams.md). Absent: each message is one
+    whole input."""
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,9 @@ class Service(Reloads):
         reuse = self._serving.reuse_snapshot() if self._serving else {}
         if reuse:  # routes with the per-device fast path (daemon/pipeline/reuse.py): devices, hits, misses, skipped
             stats["reuse"] = reuse
+        streams = self._serving.streams_snapshot() if self._serving else {}
+        if streams:  # stream routes (daemon/serve/streams.py): streams held, and their windows' bytes
+            stats["streams"] = streams
         drift = self.drift.snapshot()  # the PSIs are computed here, not per answer (daemon/obs/drift.py)
         if drift:
             stats["drift"] = stats_topic.rounded(drift)

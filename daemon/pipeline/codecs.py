@@ -67,7 +67,7 @@ def decode(payload: bytes, spec: InputConfig, check_finite: bool = True) -> Deco
 
     `check_finite=False` leaves the finiteness check to a caller that checks a whole batch
     at once (`pipeline.handle_batch`): one vectorized pass instead of one per request."""
-    _check_size(payload, spec)
+    check_size(payload, spec)
     timeout_ms = None
     request_id: Any = None
     if spec.format == "json":
@@ -127,7 +127,7 @@ def _json_row(payload: bytes, spec: InputConfig, expected: int) -> tuple[Any, Op
     """One JSON request's id, timeout and values (float32, flat), converted at once so that the
     parsed lists die here: held for the whole group, they cost more in gen-0 collections than a
     group-wide conversion saves (decode_many)."""
-    _check_size(payload, spec)
+    check_size(payload, spec)
     request_id, data, timeout_ms = _parse_json(payload)
     values = _values(data, request_id)
     array = _to_array(values, request_id)  # bad_payload before bad_shape, as a lone decode
@@ -136,14 +136,27 @@ def _json_row(payload: bytes, spec: InputConfig, expected: int) -> tuple[Any, Op
     return request_id, timeout_ms, array
 
 
-def _check_size(payload: bytes, spec: InputConfig) -> None:
+def parse_object(payload: bytes, spec: InputConfig) -> tuple[dict, Decoded]:
+    """A JSON request within the size limit: the object, and its id, timeout and `data` as flat
+    float32, not yet checked finite (a stream message's samples: daemon/pipeline/stream_codec.py)."""
+    check_size(payload, spec)
+    obj = _loads(payload)
+    request_id, data, timeout_ms = _request_fields(obj)
+    with np.errstate(over="ignore"):
+        return obj, Decoded(request_id, _to_array(_values(data, request_id), request_id), timeout_ms)
+
+
+def check_size(payload: bytes, spec: InputConfig) -> None:
     if len(payload) > spec.max_bytes:
         raise PayloadError(TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {spec.max_bytes}")
 
 
 def _parse_json(payload: bytes) -> tuple[Any, Any, Optional[float]]:
     """The request's id, its `data` as parsed, and its `timeout_ms`."""
-    obj = _loads(payload)
+    return _request_fields(_loads(payload))
+
+
+def _request_fields(obj: Any) -> tuple[Any, Any, Optional[float]]:
     if not isinstance(obj, dict):
         raise PayloadError(BAD_PAYLOAD, 'expected a JSON object {"id": ..., "data": [...]}')
     request_id = obj.get("id")

@@ -18,7 +18,7 @@ import numpy as np
 
 from daemon.cache.cache_key import make_keys
 from daemon.config.schema import CLASSIFY
-from daemon.errors import BAD_PAYLOAD, EXPIRED
+from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 from daemon.pipeline import codecs
 from daemon.pipeline.route_pipeline import CacheBatch, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 
@@ -51,6 +51,9 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
                                           orders[row] if classify else None,
                                           None if reuse is None else reused[row], x[row], d.geometry)
         stages["postprocess"] = clock() - now
+    for i, request in enumerate(requests):
+        if request.item is not None and replies[i] is not None:  # a stream's window: which samples it covers
+            replies[i].update(request.item.fields)
     return Outcome(replies, fresh, stages)
 
 
@@ -133,11 +136,31 @@ def _partial(pipe: RoutePipeline, x: np.ndarray, todo: list[int], found: list, m
 
 def _decode_all(pipe: RoutePipeline, requests: Sequence[Request],
                 replies: list) -> tuple[list[tuple[int, codecs.Decoded]], np.ndarray]:
-    """The group decoded at once (one array: codecs.decode_many); each bad request answered here."""
-    batch = pipe.decode_many([request.payload for request in requests])
+    """The group decoded at once (one array: codecs.decode_many); each bad request answered here.
+    A stream's windows come decoded (stream_rows)."""
+    batch = (stream_rows(pipe, requests) if any(r.item is not None for r in requests)
+             else pipe.decode_many([request.payload for request in requests]))
     for i, exc in batch.errors:
         replies[i] = pipe.error(exc.request_id, exc.code, exc.message)
     return batch.decoded, batch.x
+
+
+def stream_rows(pipe: RoutePipeline, requests: Sequence[Request]) -> codecs.DecodedBatch:
+    """A stream route's group: its windows as they are, and any whole input sent as one request
+    (over HTTP, say) decoded as usual."""
+    decoded, errors = [], []
+    for i, request in enumerate(requests):
+        item = request.item
+        if item is not None:
+            decoded.append((i, codecs.Decoded(item.request_id, item.data, item.timeout_ms)))
+            continue
+        try:
+            decoded.append((i, pipe.decode(request.payload, check_finite=False)))
+        except PayloadError as exc:
+            errors.append((i, exc))
+    x = (np.stack([d.data for _, d in decoded]) if decoded
+         else np.empty((0, *pipe.route.input.shape), np.float32))
+    return codecs.DecodedBatch(decoded, x, errors)
 
 
 def _live_rows(pipe: RoutePipeline, requests: Sequence[Request], decoded: list[tuple[int, codecs.Decoded]],

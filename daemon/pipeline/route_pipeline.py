@@ -18,6 +18,7 @@ from daemon.model.interface import Interface
 from daemon.pipeline import codecs, postprocess
 from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.postprocess import ModelOutputs
+from daemon.pipeline.stream_window import StreamItem
 
 # Digits of a model's sha256 shown in results (contract: first 12 hex).
 SHA_PREFIX = 12
@@ -78,6 +79,8 @@ class Request:
     """From the transport (an MQTT v5 message expiry), same clock; `timeout_ms` can tighten it."""
     device: Optional[str] = None
     """The request topic: the device whose last input the reuse fast path compares with."""
+    item: Optional[StreamItem] = None
+    """A stream's window, decoded already (daemon/pipeline/stream_window.py); None: decode `payload`."""
 
 
 @dataclass

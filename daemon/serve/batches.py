@@ -80,7 +80,7 @@ class BatchProcessor:
 
     def _process_group(self, model: Runner, pipe: RoutePipeline, group: list[Job], models: WorkerModels) -> None:
         started = self._clock()
-        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic)
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic, j.item)
                     for j in group]
         outcome = self._run_pipeline(model, pipe, group, requests)
         if pipe.route.escalate is not None:
@@ -132,4 +132,5 @@ class BatchProcessor:
         """The `internal` reply for a request whose processing raised (logged, throttled)."""
         route = job.pipe.route.name
         self._replier.log.warning(f"internal:{route}", "internal error on %r", job.inbound.topic, exc_info=True)
-        return error(job.pipe, job.inbound, INTERNAL, f"{type(exc).__name__}: {exc}")
+        reply = error(job.pipe, job.inbound, INTERNAL, f"{type(exc).__name__}: {exc}")
+        return reply if job.item is None else {**reply, **job.item.fields}

@@ -31,6 +31,8 @@ from daemon.serve.cascade import RemoteCascade
 from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.jobs import Job
 from daemon.serve.rate import DeviceRate
+from daemon.serve.stream_intake import StreamIntake
+from daemon.serve.streams import Streams
 from daemon.serve.replies import Replier, Tally, error
 from daemon.transport.inbound import Inbound
 
@@ -81,11 +83,12 @@ class Intake:
                  submit_many: Callable[[Sequence[Job]], bool], replier: Replier, stats: Stats,
                  remote: Optional[RemoteCascade] = None, clock: Callable[[], float] = time.monotonic,
                  devices: Optional[DiscoveredDevices] = None,
-                 control: Optional[Callable[[str, bytes], bool]] = None):
+                 control: Optional[Callable[[str, bytes], bool]] = None, streams: Optional[StreamIntake] = None):
         """`submit_many` queues a burst's jobs for the workers (False while they stop); `remote` is
         the far-tier cascade, whose answers arrive here too; `devices` learns each request's device
         (Home Assistant discovery, ha_devices.py); `control` takes the fleet's documents and commands
-        (True when a message was one: it is acked, never routed)."""
+        (True when a message was one: it is acked, never routed); `streams`: the stream routes'
+        windows (stream_intake.py)."""
         self._routes = routes
         self._rate = rate
         self._admission = admission
@@ -96,6 +99,7 @@ class Intake:
         self._clock = clock
         self._devices = devices
         self._control = control
+        self._streams = streams or StreamIntake(admission, replier, Streams(stats))
 
     def on_burst(self, inbounds: Sequence[Inbound]) -> None:
         """The messages of one read burst, in order: each routed, rated and admitted, or answered at
@@ -114,9 +118,7 @@ class Intake:
                     self._replier.ack(inbound)
                     continue
                 received += 1
-                job = self._admit(inbound, now, tally)
-                if job is not None:
-                    jobs.append(job)
+                self._admit(inbound, now, tally, jobs)
             except Exception:  # paho's loop thread must survive anything a message does
                 logger.exception("failed to hand on a message from %r", inbound.topic)
         if jobs and not self._submit_many(jobs):
@@ -136,35 +138,39 @@ class Intake:
             self._stats.incr("escalations_late")  # after its timeout (or from an earlier run): dropped
         self._replier.ack(inbound)
 
-    def _admit(self, inbound: Inbound, now: float, tally: Tally) -> Optional[Job]:
-        """The request's job when admitted; else it is answered (or, unroutable, acked) and None."""
+    def _admit(self, inbound: Inbound, now: float, tally: Tally, jobs: list[Job]) -> None:
+        """The request's job into `jobs` when admitted; else it is answered (or, unroutable, acked).
+        A stream route's message adds the jobs of the windows it completes (stream_intake.py)."""
         found = self._routes.find(inbound.topic)
         if found is None:
             # Only our own filters are subscribed, so this is a broker-side overlap; ack it.
             self._stats.incr("unroutable")
             self._replier.log.warning("unroutable", "no route matches topic %r", inbound.topic)
             self._replier.ack(inbound)
-            return None
+            return
         pipe, reply_topic = found
         route = pipe.route
         if self._devices is not None and inbound.response_topic is None:  # a v5 request's reply goes elsewhere
             self._devices.seen(route, inbound.topic, reply_topic, now)
+        if route.input.stream is not None:  # samples for a window: expired or not, they are the stream's
+            self._streams.take(pipe, inbound, reply_topic, now, tally, jobs)
+            return
         deadline = inbound.deadline
         if deadline is not None and now >= deadline:
             self._expired_on_arrival(pipe, inbound, reply_topic, now - deadline, tally)
-            return None
+            return
         if route.min_interval_ms and self._rate.too_soon(inbound.topic, route.min_interval_ms, now):
             self._shed(pipe, inbound, reply_topic, Refusal(
                 RATE_LIMITED, f"this device sent again within routes[].min_interval_ms ({route.min_interval_ms:g})"),
                 tally)
-            return None
+            return
         verdict = self._admission.admit(route.name, len(inbound.payload), deadline, inbound.qos > 0)
         if isinstance(verdict, Refusal):
             self._shed(pipe, inbound, reply_topic, verdict, tally)
-            return None
+            return
         coalesce = route.coalesce == COALESCE_LATEST
         seq = self._rate.admitted(inbound.topic, now, coalesce) if coalesce or route.min_interval_ms else 0
-        return Job(pipe, inbound, reply_topic, verdict, seq)
+        jobs.append(Job(pipe, inbound, reply_topic, verdict, seq))
 
     def _expired_on_arrival(self, pipe: RoutePipeline, inbound: Inbound, reply_topic: str, late_s: float,
                             tally: Tally) -> None:

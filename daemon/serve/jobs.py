@@ -4,9 +4,10 @@ between the network thread's side of serving (intake.py) and the workers' (batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 from daemon.pipeline.route_pipeline import RoutePipeline, Runner
+from daemon.pipeline.stream_window import StreamItem
 from daemon.serve.admission import Ticket
 from daemon.transport.inbound import Inbound
 
@@ -24,6 +25,7 @@ class Job:
     reply_topic: str
     ticket: Ticket
     seq: int = 0  # coalesce: its place among its device's jobs (rate.py); 0 is never superseded
+    item: Optional[StreamItem] = None  # a stream's window (streams.py): its samples and reply fields
 
 
 @dataclass(frozen=True)

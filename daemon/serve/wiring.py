@@ -26,6 +26,8 @@ from daemon.serve.ha_devices import DiscoveredDevices
 from daemon.serve.intake import Intake, RouteTable
 from daemon.serve.jobs import Job, WorkerContext, WorkerModels
 from daemon.serve.rate import DeviceRate
+from daemon.serve.stream_intake import StreamIntake
+from daemon.serve.streams import Streams
 from daemon.serve.replies import Replier, Transport
 from daemon.serve.workers import WorkerPool
 
@@ -43,6 +45,7 @@ class Serving:
     reuse: dict  # DeviceReuse by route name; kept across reloads (entries name their model digest)
     remote: Optional[RemoteCascade] = None
     far_v2: Optional[V2Cascade] = None
+    streams: Optional[Streams] = None  # the stream routes' windows; kept across reloads (streams.py)
 
     @property
     def filters(self) -> list[str]:
@@ -75,6 +78,10 @@ class Serving:
     def reuse_snapshot(self) -> dict:
         """{route: {devices, hits, misses, skipped}} for the routes with `reuse` configured."""
         return {name: state.snapshot() for name, state in self.reuse.items()}
+
+    def streams_snapshot(self) -> dict:
+        """{route: {streams, max_streams, bytes}} for the stream routes that have heard a stream."""
+        return self.streams.snapshot() if self.streams is not None else {}
 
     def queue_state(self) -> dict:
         return {"depth": self.pool.depth, "busy": self.pool.busy, "bytes": self.admission.queued_bytes,
@@ -116,5 +123,7 @@ def build(pipes: Sequence[RoutePipeline], cache: Optional[ScoreCache], stats: St
                           clock),
         on_resize=admission.set_workers)
     routes = RouteTable(pipes)
-    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices, control)
-    return Serving(intake, pool, admission, replier, routes, rate, reuse, remote, far_v2)
+    streams = Streams(stats)
+    intake = Intake(routes, rate, admission, pool.submit_many, replier, stats, remote, clock, devices, control,
+                    StreamIntake(admission, replier, streams))
+    return Serving(intake, pool, admission, replier, routes, rate, reuse, remote, far_v2, streams)
