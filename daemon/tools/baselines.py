@@ -3,6 +3,7 @@
     python -m daemon.tools.baselines echo   --broker HOST:PORT [--config config.yaml] [--route activity]
     python -m daemon.tools.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]   # any route
     python -m daemon.tools.baselines naive-detect --broker HOST:PORT --config C --route R
+    python -m daemon.tools.baselines naive-stream --broker HOST:PORT --config C --route R   # a stream route
     python -m daemon.tools.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
 - `echo`: the transport floor. Bare paho 2.x as people write it (paho's defaults: MQTT 3.1.1,
@@ -20,6 +21,9 @@
   detections scoring at least `output.min_score` (at most `output.max_results`, best first,
   boxes in the sent picture's pixels) are published as JSON. No daemon code on
   the message's way.
+- `naive-stream`: the buffering script people put in front of a model for a device's samples: a
+  dict of deques in `on_message` (JSON messages of one sample, the device named by the field
+  `input.stream.key`), the window inferred inline every `hop` samples (benchmarks/bench_streams.py).
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
   in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from collections import defaultdict, deque
 import json
 import re
 import signal
@@ -132,6 +137,32 @@ def make_answer(config_path: Path | str, route_name: str = "activity") -> tuple[
     return route, answer
 
 
+def make_stream_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes], str | None]]:
+    """The route and the naive buffering script's per-message body, for a stream route whose JSON
+    messages carry one sample and name their device in a field (`input.stream.key`): a dict of
+    deques in `on_message`, and every `hop` samples, once a window is there, the window inferred
+    inline and its answer published. No gaps, seq or bounds: as people write it."""
+    config, route = _route(config_path, route_name)
+    stream = route.input.stream
+    model = Model(config.models[route.model].path)
+    found = read_labels(config.models[route.model].labels)
+    reply = _replier(route, found.names if found else ())
+    buffers: dict = defaultdict(lambda: deque(maxlen=stream.window))
+    counts: dict = defaultdict(int)
+
+    def answer(payload: bytes) -> str | None:
+        msg = json.loads(payload)
+        device = msg[stream.key]
+        buffers[device].append(msg["data"])
+        counts[device] += 1
+        if counts[device] < stream.window or (counts[device] - stream.window) % stream.hop:
+            return None
+        x = preprocess.apply_steps(route.preprocess, np.asarray(buffers[device], dtype=np.float32)[None])
+        return json.dumps({**reply(msg["id"], x, model.infer(x)[0]), "stream": device})
+
+    return route, answer
+
+
 def make_detect_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes], str]]:
     """The route and the naive camera script's per-message body: image bytes in, detections JSON out."""
     try:
@@ -180,7 +211,7 @@ def echo_reply(payload: bytes) -> bytes:
     return body.ljust(ECHO_REPLY_BYTES)
 
 
-def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str],
+def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str | None],
            protocol: str = DEFAULT_PROTOCOL) -> None:
     """Reply to every request of `route` inside `on_message`, until SIGTERM."""
     status = f"edge-inferd/{client_id}/status"
@@ -189,8 +220,9 @@ def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[byt
     def on_message(client, userdata, msg):
         captures = topics.match(route.subscribe, msg.topic)
         properties = _correlated(msg) if v5 else None
-        client.publish(topics.render(route.publish, msg.topic, captures), reply(msg.payload), qos=QOS,
-                       properties=properties)
+        body = reply(msg.payload)
+        if body is not None:  # naive-stream: a sample that completes no window gets no reply
+            client.publish(topics.render(route.publish, msg.topic, captures), body, qos=QOS, properties=properties)
 
     def on_connect(client, userdata, flags, reason_code, properties):
         if v5:
@@ -245,7 +277,7 @@ def _rawpub(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m daemon.baselines", description=__doc__.split("\n")[0])
-    parser.add_argument("kind", choices=("echo", "naive", "naive-detect", "rawpub"))
+    parser.add_argument("kind", choices=("echo", "naive", "naive-detect", "naive-stream", "rawpub"))
     parser.add_argument("--broker", required=True, help="HOST:PORT")
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--route", default="activity")
@@ -264,8 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "echo":
         _, route = _route(args.config, args.route)
         _serve(args.broker, client_id, route, echo_reply, args.protocol)
-    elif args.kind == "naive-detect":
-        route, answer = make_detect_answer(args.config, args.route)
+    elif args.kind in ("naive-detect", "naive-stream"):
+        make = make_detect_answer if args.kind == "naive-detect" else make_stream_answer
+        route, answer = make(args.config, args.route)
         _serve(args.broker, client_id, route, answer, args.protocol)
     else:
         route, answer = make_answer(args.config, args.route)
