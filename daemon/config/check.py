@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 from daemon.config.anchors import find_outputs
 from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
+from daemon.config.then import check_then
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config, ModelConfig, RouteConfig
 from daemon.model.interface import Interface, detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
@@ -44,6 +45,7 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
             known = ", ".join(sorted(config.models)) or "none"
             r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
         check_escalate(r, config, m, p, route)
+        check_then(r, config.routes, m, p, route)
     _check_homeassistant(r, config)
     _check_fleet(r, config)
     _check_http(r, config)

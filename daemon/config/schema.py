@@ -21,6 +21,7 @@ from daemon.config.http import HttpConfig
 from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
 from daemon.config.stream import StreamConfig
+from daemon.config.then import ThenConfig
 from daemon.errors import ConfigError
 
 _MIB = 1 << 20
@@ -160,6 +161,9 @@ class RouteConfig:
     (SSD) or a YOLO tensor."""
     escalate: Optional[EscalateConfig] = None
     """Confidence cascade: low-confidence results go to a heavier tier (`routes[].escalate` below)."""
+    then: Optional[ThenConfig] = None
+    """detect: each box cropped from the sent image and classified by another route's model, its
+    top-1 in the box's `sub_label` and `sub_score` (`routes[].then` below); off when absent."""
 
     @property
     def uses_cache(self) -> bool:

@@ -72,6 +72,25 @@ def decode_image(payload: bytes, height: int, width: int, channels: int, resize:
     return _place(_resized(picture, content, box), geometry, channels), geometry
 
 
+def decode_full(payload: bytes, channels: int, max_pixels: int = DEFAULT_MAX_PIXELS):
+    """A JPEG or PNG at its full resolution (never libjpeg's reduced scale: a crop's detail is the
+    point), as a Pillow image in RGB or grayscale, for `fit` to take regions of.
+    Raises PayloadError as `decode_image` does."""
+    mode = _check_target(1, 1, channels, STRETCH)
+    with _open(payload, None) as img:
+        if img.width * img.height > max_pixels:
+            raise PayloadError(TOO_LARGE, f"image is {img.width}x{img.height} pixels; the limit is {max_pixels}")
+        return _pixels(img, mode, None)
+
+
+def fit(picture, height: int, width: int, channels: int, resize: str = STRETCH) -> np.ndarray:
+    """A Pillow image (a region of `decode_full`'s) -> uint8 (height, width, channels), resized as
+    `decode_image` resizes a sent picture (`resize`: stretch or letterbox)."""
+    _check_target(height, width, channels, resize)
+    geometry = _geometry(picture.width, picture.height, width, height, resize)
+    return _place(_resized(picture, _content_size(geometry), None), geometry, channels)
+
+
 def _check_target(height: int, width: int, channels: int, resize: str) -> str:
     """The route's side (config, not the request): a ValueError, never a PayloadError."""
     if channels not in _PIL_MODES:

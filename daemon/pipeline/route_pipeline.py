@@ -12,6 +12,7 @@ import numpy as np
 
 from daemon.config.model_files import read_labels
 from daemon.config.schema import Config, RouteConfig
+from daemon.config.then import then_route
 from daemon.errors import ModelError
 from daemon.model import preprocess
 from daemon.model.interface import Interface
@@ -106,6 +107,8 @@ class RoutePipeline:
     """A uint8 image model fed the decoded pixels themselves (no preprocess steps), not quantized."""
     escalate_to: Optional["RoutePipeline"] = None
     """`escalate.to_model`: the same route on the heavier model (daemon/serve/cascade.py)."""
+    then_to: Optional["RoutePipeline"] = None
+    """`then.route`: the classify route whose model labels each box (daemon/pipeline/sub_labels.py)."""
 
     @classmethod
     def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str],
@@ -180,12 +183,16 @@ def route_pipeline(config: Config, route: RouteConfig, model: Digested) -> Route
 
 
 def route_pipelines(config: Config, models: Mapping[str, Digested]) -> list[RoutePipeline]:
-    """Every route's pipeline, with its `escalate.to_model` tier's (daemon/serve/cascade.py)."""
+    """Every route's pipeline, with its `escalate.to_model` tier's (daemon/serve/cascade.py) and its
+    `then` route's (daemon/pipeline/sub_labels.py)."""
     pipes = []
     for route in config.routes:
         pipe = route_pipeline(config, route, models[route.model])
         if route.escalate is not None and route.escalate.to_model is not None:
             large_route = route.escalate.large_route(route)
             pipe = dataclasses.replace(pipe, escalate_to=route_pipeline(config, large_route, models[large_route.model]))
+        if route.then is not None:
+            then = then_route(config.routes, route.then)
+            pipe = dataclasses.replace(pipe, then_to=route_pipeline(config, then, models[then.model]))
         pipes.append(pipe)
     return pipes

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional
 from daemon.errors import INTERNAL, SUPERSEDED
 from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import Stats
-from daemon.pipeline import request_path
+from daemon.pipeline import request_path, sub_labels
 from daemon.pipeline.route_pipeline import SHA_PREFIX, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 from daemon.serve.admission import Admission
 from daemon.serve.cascade import Cascade, RemoteCascade
@@ -27,6 +27,8 @@ from daemon.serve.rate import DeviceRate
 from daemon.serve.replies import Replier, Tally, error
 
 logger = logging.getLogger(__name__)
+
+CROPS_CLASSIFIED = "crops_classified"  # stats counts, `crops_classified.<route>`: boxes given a sub_label
 
 
 class BatchProcessor:
@@ -83,6 +85,8 @@ class BatchProcessor:
         requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic, j.item)
                     for j in group]
         outcome = self._run_pipeline(model, pipe, group, requests)
+        if pipe.then_to is not None:
+            self._sub_labels(pipe, requests, outcome, models[pipe.then_to.route.model])
         if pipe.route.escalate is not None:
             outcome = self._escalate(pipe, group, requests, outcome, models)
         for stage, seconds in outcome.stages.items():
@@ -100,6 +104,17 @@ class BatchProcessor:
         self._stats.observe_stage("publish", done - published)
         self._admission.observe(pipe.route.name, len(group), done - started)
         request_path.store(self._cache, outcome)  # after the replies: never on the reply path
+
+    def _sub_labels(self, pipe: RoutePipeline, requests: list[Request], outcome: Outcome, model: Runner) -> None:
+        """`then:` each result's boxes classified by the sub-model (daemon/pipeline/sub_labels.py)."""
+        try:
+            classified = sub_labels.classify_boxes(pipe, requests, outcome, model, self._clock)
+        except Exception:  # the sub-model failing must not cost the requests their boxes
+            self._replier.log.warning(f"sub_labels:{pipe.route.name}", "route %r: classifying the boxes failed; "
+                                      "their boxes go with sub_label null", pipe.route.name, exc_info=True)
+            sub_labels.unlabelled(outcome)
+            return
+        self._stats.incr(f"{CROPS_CLASSIFIED}.{pipe.route.name}", classified)
 
     def _escalate(self, pipe: RoutePipeline, group: list[Job], requests: list[Request], outcome: Outcome,
                   models: WorkerModels) -> Outcome:
