@@ -1,7 +1,7 @@
 """The `then` route key: a sub-model per detection (detect -> crop -> classify), read and checked.
 
 The frozen section and its pass-1 reader (`read_then`), and its pass-2 rule (`check_then`:
-the named route exists, classifies images and is no `then` route itself). The behaviour is in
+the named route exists and classifies images, so it is no `then` route itself). The behaviour is in
 daemon/pipeline/crops.py (the maths) and daemon/pipeline/sub_labels.py (a batch's crops
 through the classifier).
 """
@@ -58,8 +58,8 @@ def then_route(routes: Sequence[Any], then: ThenConfig) -> Optional[Any]:
 
 
 def check_then(r: Reader, routes: Sequence[Any], m: Any, p: str, route: Any) -> None:
-    """Pass 2, no files: the route detects in images, and `then.route` classifies images without a
-    `then` of its own (so a chain never loops)."""
+    """Pass 2, no files: the route detects in images, and `then.route` classifies images (only a
+    detect route has a `then`, so a chain of them never loops)."""
     then = route.then
     if then is None:
         return
@@ -83,6 +83,4 @@ def _target_problem(target: Any, then: ThenConfig) -> Optional[str]:
         return f"route {then.route!r} is output.kind {target.kind}; a sub-model must be classify"
     if target.input.format != _IMAGE:
         return f"route {then.route!r} takes input.format {target.input.format}; a sub-model must take images"
-    if target.then is not None:
-        return f"route {then.route!r} has a `then` of its own; sub-models do not chain"
-    return None
+    return None  # a classify route has no `then` (refused at its own key), so no chain can loop
