@@ -39,6 +39,7 @@ from daemon.config import reuse as config_reuse  # noqa: E402
 from daemon.config import stream as config_stream  # noqa: E402
 from daemon.config import anchors as config_anchors  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
+from daemon.config import then as config_then  # noqa: E402
 from daemon.model import preprocess  # noqa: E402
 
 INTRO = """
@@ -119,7 +120,8 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse", "stream",
-                                                                                    "anchors", "drift", "homeassistant", "http", "fleet"))
+                                                                                    "anchors", "drift", "homeassistant", "http", "fleet",
+                                                                                    "then"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
 
@@ -168,6 +170,11 @@ SECTIONS = (
             "The far tier on an Open Inference Protocol (KServe v2) server (docs/http.md, The far tier on a v2 "
             "server): `url` and `model` are required. No worker waits on the network; any failure sends the "
             "local answer with `\"escalation\": \"error\"`."),
+    Section("routes[].then", config_then.ThenConfig, None,
+            "Optional, on a detect route taking images: each box (those `min_score` and `max_crops` choose) is "
+            "cut from the sent picture at full resolution, padded by `crop.pad`, and classified by the named "
+            "classify route's model; the box carries its top-1 as `sub_label` and `sub_score`, null when not "
+            "classified (docs/byo-model.md, Sub-labels)."),
     Section("cache", config.CacheConfig, "cache"),
     Section("workers", config.WorkersConfig, "workers"),
     Section("batching", config.BatchingConfig, "batching"),
