@@ -115,6 +115,8 @@ class BatchProcessor:
             sub_labels.unlabelled(outcome)
             return
         self._stats.incr(f"{CROPS_CLASSIFIED}.{pipe.route.name}", classified)
+        if self._watch is not None:  # the classifier's invokes, under its own release
+            self._watch.invoked(pipe.then_to.model_sha256[:SHA_PREFIX], model.take_invokes())
 
     def _escalate(self, pipe: RoutePipeline, group: list[Job], requests: list[Request], outcome: Outcome,
                   models: WorkerModels) -> Outcome:
