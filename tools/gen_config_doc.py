@@ -66,6 +66,7 @@ STEP_EXAMPLES = {
     "reshape": ("{shape: [3, 2]}", [1, 2, 3, 4, 5, 6]),
     "resize": ("{height: 2, width: 2}", [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]),
     "grayscale": ("", [[[255, 0, 0], [0, 0, 255]]]),
+    "log_mel": ("{sample_rate: 16000, n_fft: 8, hop_length: 4, n_mels: 2}", [0, 0.5, 1, 0.5, 0, -0.5, -1, -0.5]),
 }
 
 FORMATS = {
@@ -112,6 +113,26 @@ input: {format: image, shape: [28, 28]}
 preprocess:
   - normalize: {mean: 0.0, std: 255.0}
   - reshape: {shape: [28, 28, 1]}
+```
+
+As with `raw`, the reply's `"id"` is null.
+""",
+    "pcm16": """
+Raw mono audio as microphones publish it: little-endian int16 samples, nothing else, exactly
+2 x `shape[0]` bytes for `shape: [samples]` (a one-second clip at 16 kHz: 32,000 bytes). Another
+length is answered `bad_shape`, naming the byte count expected. `input.sample_rate` (Hz) is
+required; nothing is resampled. The samples reach the steps as float32 int16 / 32768, in
+[-1, 1) (librosa's and soundfile's scale). A model trained on raw int16 values (openWakeWord's
+melspectrogram) gets them back with `normalize: {std: 0.000030517578125}` (1 / 32768):
+
+```yaml
+input: {format: pcm16, shape: [16000], sample_rate: 16000}
+preprocess:
+  - log_mel: {n_fft: 512, hop_length: 160, win_length: 400, n_mels: 40}   # -> [101, 40]
+```
+
+```python
+payload = np.asarray(samples, dtype="<i2").tobytes()   # samples: 16000 int16 values
 ```
 
 As with `raw`, the reply's `"id"` is null.

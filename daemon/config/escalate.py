@@ -82,9 +82,10 @@ class EscalateConfig:
         return top_scores[0] - second < (self.margin_below or 0.0)
 
 
-def read_escalate(r: Reader, m: Mapping, p: str, captures: Optional[int], base: Path) -> Optional[EscalateConfig]:
+def read_escalate(r: Reader, m: Mapping, p: str, captures: Optional[int], base: Path,
+                  sample_rate: Optional[int] = None) -> Optional[EscalateConfig]:
     """routes[i].escalate (None when absent); `captures` counts the route filter's '+' levels;
-    `base`: where `to_v2`'s files are relative to."""
+    `base`: where `to_v2`'s files are relative to; `sample_rate`: the route's input.sample_rate."""
     if "escalate" not in m or m["escalate"] is None:
         return None
     p = f"{p}.escalate"
@@ -101,7 +102,7 @@ def read_escalate(r: Reader, m: Mapping, p: str, captures: Optional[int], base: 
     tiers = [t for t in (to_model, to_topic, to_v2) if t is not None]
     if e and len(tiers) != 1 and r.ok(f"{p}.to_model", f"{p}.to_topic", f"{p}.to_v2"):
         r.fail(p, "needs exactly one of to_model, to_topic, to_v2", getattr(e, "start", None))
-    steps = read_steps(r, e, p) if "preprocess" in e else None
+    steps = read_steps(r, e, p, sample_rate) if "preprocess" in e else None
     if steps is not None and to_topic is not None and r.ok(f"{p}.preprocess"):
         r.error(e, "preprocess", p, "applies to to_model and to_v2 (a to_topic tier preprocesses for itself)")
     if to_topic is not None and (err := topics.template_error(to_topic, captures)):

@@ -30,7 +30,7 @@ from daemon.config.then import read_then
 from daemon.config.anchors import ANCHOR_DECODE_KEYS, read_anchor_decode
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
-                                  INPUT_DTYPES, INPUT_FORMATS, MIN_QUEUE_MB, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
+                                  INPUT_DTYPES, INPUT_FORMATS, MAX_SAMPLE_RATE, MIN_QUEUE_MB, MIN_SAMPLE_RATE, PCM16, PCM16_DTYPE, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
                                   RESIZE_MODES, STRETCH, BatchingConfig, CacheConfig, Config, InputConfig,
                                   MetricsConfig, ModelConfig, RouteConfig, VALUES, WorkersConfig)
 from daemon.errors import ConfigError
@@ -160,7 +160,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         subscribe=subscribe,
         model=r.get(m, "model", p, str, "", required=True),
         input=spec,
-        preprocess=read_steps(r, m, p),
+        preprocess=read_steps(r, m, p, spec.sample_rate),
         publish=publish,
         validate_data=None if data is None else base / data,
         min_accuracy=r.get(gate, "min_accuracy", f"{p}.validate", float, 0.0, minimum=0),
@@ -171,7 +171,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         coalesce=r.get(m, "coalesce", p, (str, type(None)), None, choices=(*COALESCE_CHOICES, None)),
         reuse=read_reuse(r, m, p),
         cache=r.get(m, "cache", p, (bool, type(None)), None),
-        escalate=read_escalate(r, m, p, captures, base),
+        escalate=read_escalate(r, m, p, captures, base, spec.sample_rate),
         then=read_then(r, m, p),
     )
 
@@ -224,13 +224,33 @@ def _read_input(r: Reader, m: Mapping, p: str) -> InputConfig:
     return InputConfig(
         format=fmt,
         shape=tuple(shape or ()),
-        dtype=r.get(m, "dtype", p, str, "float32", choices=INPUT_DTYPES),
+        dtype=PCM16_DTYPE if fmt == PCM16 else r.get(m, "dtype", p, str, "float32", choices=INPUT_DTYPES),
+        sample_rate=_read_sample_rate(r, m, p, fmt, shape),
         max_bytes=r.get(m, "max_bytes", p, int, DEFAULT_MAX_BYTES, minimum=1),
         resize=r.get(m, "resize", p, str, STRETCH, choices=RESIZE_MODES),
         max_pixels=r.get(m, "max_pixels", p, int, DEFAULT_MAX_PIXELS, minimum=1),
         decode=r.get(m, "decode", p, str, "fast", choices=DECODE_MODES),
         stream=read_stream(r, m, p, fmt, tuple(shape or ())),
     )
+
+
+def _read_sample_rate(r: Reader, m: Mapping, p: str, fmt: str, shape: list) -> Optional[int]:
+    """input.sample_rate, which pcm16 needs and no other format reads; also pcm16's own shape
+    (one axis: mono samples) and its fixed dtype."""
+    if fmt != PCM16:
+        if "sample_rate" in m and r.ok(f"{p}.format"):
+            r.error(m, "sample_rate", p, "applies to format pcm16 only")
+        return None
+    if shape and len(shape) != 1:
+        r.error(m, "shape", p, f"a pcm16 route takes [samples] (mono audio, one axis), not {shape!r}")
+    if "dtype" in m and m["dtype"] != PCM16_DTYPE:
+        r.error(m, "dtype", p, f"pcm16 is always little-endian {PCM16_DTYPE}, got {m['dtype']!r}")
+    if "sample_rate" not in m:
+        r.fail(f"{p}.sample_rate", "is required for format pcm16: the audio's rate in Hz, e.g. 16000",
+               getattr(m, "start", None))
+        return None
+    return r.get(m, "sample_rate", p, int, None, minimum=MIN_SAMPLE_RATE,
+                 check=lambda rate: f"must be at most {MAX_SAMPLE_RATE} Hz, got {rate}" if rate > MAX_SAMPLE_RATE else None)
 
 
 def _read_cache(r: Reader, m: Mapping, base: Path) -> CacheConfig:

@@ -286,13 +286,14 @@ def systemd_base(variable: str, config_dir: Path) -> Path:
     return Path(directory) if directory else config_dir
 
 
-def read_steps(r: Reader, m: Any, p: str) -> tuple:
-    """`p.preprocess`: a list of daemon.model.preprocess steps (each bad one reported by its index)."""
+def read_steps(r: Reader, m: Any, p: str, sample_rate: Optional[int] = None) -> tuple:
+    """`p.preprocess`: a list of daemon.model.preprocess steps (each bad one reported by its index);
+    `sample_rate` is the route's input.sample_rate, a `log_mel` step's default."""
     steps = r.get(m, "preprocess", p, list, []) or []
     out = []
     for j, item in enumerate(steps):
         try:
-            out.append(preprocess.parse_step(item))
+            out.append(preprocess.parse_step(item, sample_rate))
         except ValueError as exc:
             r.error(steps, j, f"{p}.preprocess", str(exc))
     return tuple(out)

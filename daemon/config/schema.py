@@ -26,7 +26,10 @@ from daemon.errors import ConfigError
 
 _MIB = 1 << 20
 DEFAULT_MAX_BYTES = _MIB  # 1 MiB: payloads above it are answered `too_large` undecoded
-INPUT_FORMATS = ("json", "raw", "npy", "image")
+PCM16, PCM16_DTYPE = "pcm16", "int16"
+INPUT_FORMATS = ("json", "raw", "npy", "image", PCM16)
+# input.sample_rate's bounds: below 1 kHz is no audio a model hears, above 384 kHz no ADC records.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1_000, 384_000
 INPUT_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32")
 MIN_QUEUE_MB = 0.01  # ~10 KB: room for a single small request (tests shed with it)
 MIN_STATS_INTERVAL_S = 0.1
@@ -79,11 +82,15 @@ class ModelConfig:
 @dataclass(frozen=True)
 class InputConfig:
     format: str = "json"
-    """json, raw, npy or image (see Input formats)."""
+    """json, raw, npy, image or pcm16 (see Input formats)."""
     shape: tuple[int, ...] = field(default=(), metadata={"doc_default": "required"})
     """Shape of one request, in sensor units, before preprocessing."""
     dtype: str = "float32"
-    """Element type of raw payloads (json values are parsed as floats)."""
+    """Element type of raw payloads (json values are parsed as floats; pcm16 is always int16)."""
+    sample_rate: Optional[int] = field(default=None, metadata={"doc_default": "required for pcm16"})
+    """pcm16: the audio's sample rate in Hz (16000 for most speech models). Nothing is resampled:
+    a `log_mel` step without its own `sample_rate` takes this one, and one that names another
+    rate is refused."""
     max_bytes: int = DEFAULT_MAX_BYTES
     """Larger payloads are answered `too_large` before any decoding."""
     resize: str = STRETCH

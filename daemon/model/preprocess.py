@@ -12,9 +12,11 @@ already reflects every step).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+
+from daemon.model.log_mel import LogMel
 
 Shape = tuple[int, ...]
 
@@ -234,13 +236,16 @@ STEP_TYPES: Mapping[str, type] = {
     "reshape": Reshape,
     "resize": Resize,
     "grayscale": Grayscale,
+    "log_mel": LogMel,
 }
 
 Step = Any  # any of the dataclasses in STEP_TYPES
 
 
-def parse_step(item: Any) -> Step:
-    """Build one step from `{name: {params}}` (or a bare `name`); ValueError on misuse."""
+def parse_step(item: Any, sample_rate: Optional[int] = None) -> Step:
+    """Build one step from `{name: {params}}` (or a bare `name`); ValueError on misuse.
+
+    `sample_rate` is the route's `input.sample_rate` (pcm16), the default of a `log_mel` step's."""
     if isinstance(item, str):
         item = {item: {}}
     if not isinstance(item, Mapping) or len(item) != 1:
@@ -252,9 +257,10 @@ def parse_step(item: Any) -> Step:
     if not isinstance(params, Mapping):
         raise ValueError(f"{name}: parameters must be a mapping")
     try:
-        return STEP_TYPES[name](**{k: _freeze(v) for k, v in params.items()})
+        step = STEP_TYPES[name](**{k: _freeze(v) for k, v in params.items()})
     except TypeError as exc:
         raise ValueError(f"{name}: {exc}") from None
+    return step.at_rate(sample_rate) if isinstance(step, LogMel) else step
 
 
 def _freeze(value: Any) -> Any:

@@ -17,9 +17,9 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence
 import numpy as np
 import orjson
 
-from daemon.config.schema import InputConfig
+from daemon.config.schema import PCM16, InputConfig
 from daemon.errors import BAD_PAYLOAD, BAD_SHAPE, TOO_LARGE, PayloadError
-from daemon.pipeline import images
+from daemon.pipeline import images, pcm16
 from daemon.pipeline.geometry import Geometry
 
 _NUMERIC_KINDS = "fiu"
@@ -78,6 +78,8 @@ def decode(payload: bytes, spec: InputConfig, check_finite: bool = True) -> Deco
         array = _decode_raw(payload, spec)
     elif spec.format == "npy":
         array = _decode_npy(payload)
+    elif spec.format == PCM16:
+        array = pcm16.clip(payload, math.prod(spec.shape))
     else:
         array, geometry = _decode_image(payload, spec)
         return Decoded(None, array, None, geometry)  # uint8 pixels: finite, and copied no further here

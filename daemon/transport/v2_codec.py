@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 import orjson
 
-from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, RouteConfig
+from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, PCM16, VALUES, RouteConfig
 
 # v2 datatypes and the numpy types their JSON numbers are read as.
 NUMPY_OF = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -158,7 +158,7 @@ def _payload(row: np.ndarray, route: RouteConfig, request_id: Any, n: int) -> by
             body["id"] = request_id
         return orjson.dumps(body)
     little = row.astype(np.dtype(route.input.dtype).newbyteorder("<"))
-    if fmt == "raw":
+    if fmt in ("raw", PCM16):  # pcm16: the int16 samples themselves
         return little.tobytes()
     out = io.BytesIO()
     np.save(out, little, allow_pickle=False)
