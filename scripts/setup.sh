@@ -27,6 +27,9 @@ command -v mosquitto_pub >/dev/null || apt_install mosquitto-clients
 # the package's own service would hold port 80, so it is stopped). Optional: without them those
 # tests skip.
 command -v minisign >/dev/null || apt_install minisign || echo "setup: minisign is not installable here; its tests will be skipped" >&2
+# The audio tests' speech (tests/speech.py): espeak-ng speaks a phrase, the tests publish it as pcm16.
+# Optional: without it those tests skip.
+command -v espeak-ng >/dev/null || apt_install espeak-ng || echo "setup: espeak-ng is not installable here; the audio tests will be skipped" >&2
 if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
     if apt_install nginx-light; then
         if [ -d /run/systemd/system ]; then
