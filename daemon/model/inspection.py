@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from daemon.model.interface import Interface, TensorSpec, guess_kind, raw_anchor_heads
+from daemon.model.interface import Interface, TensorSpec, dynamic_dims, guess_kind, raw_anchor_heads
 from daemon.model.runtime import open_interface
 
 # Real input ranges that say how pixels 0..255 were scaled in training: (low, high) -> (mean, std).
@@ -27,6 +27,10 @@ _IMAGE_MIN_SIDE = 16
 _TOP_OPS = 8
 _TOP_K = 3  # a classifier's proposed top_k, or its number of classes when it has fewer
 _BOX_COORDS = 4  # a box's values before its keypoints in a raw head's row
+# A float input of one axis at least this long (0.5 s at 16 kHz), or of a dynamic length, is
+# proposed as audio: sensor windows and traces put their channels on a second axis or are shorter.
+_AUDIO_MIN_SAMPLES = 8000
+_AUDIO_RATE_GUESS = 16000  # what wake-word and speech models take; the file does not say
 
 
 def report(path: Path | str, backend: str = "auto") -> tuple[str, bool]:
@@ -60,6 +64,13 @@ def looks_like_image(spec: TensorSpec) -> bool:
     class): `may_be_image` says so, and the snippet proposes json with the other reading named."""
     sample = spec.sample_shape
     return len(sample) == 3 and sample[2] == 3 and spec.dtype != np.int8 and min(sample[:2]) >= _IMAGE_MIN_SIDE
+
+
+def looks_like_audio(spec: TensorSpec) -> bool:
+    """Whether to propose `format: pcm16`: a float input of one long (or dynamic) time axis."""
+    if len(spec.sample_shape) != 1 or spec.dtype.kind != "f":
+        return False
+    return spec.sample_shape[0] >= _AUDIO_MIN_SAMPLES or len(dynamic_dims(spec.signature)) > 0
 
 
 def may_be_image(spec: TensorSpec) -> bool:
@@ -106,7 +117,12 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
     if labelled:
         lines.append(f"    labels: {path.with_suffix('.labels.txt')}   # one label per line, or 'id label' lines")
     lines += ["routes:", f"  - name: {name}", f"    subscribe: sensors/+/{name}", f"    model: {name}"]
-    if looks_like_image(spec):
+    if looks_like_audio(spec):
+        lines += [f"    input: {{format: pcm16, shape: {list(spec.sample_shape)}, sample_rate: {_AUDIO_RATE_GUESS}}}"
+                  "   # audio? the rate is a guess (the file does not say); else format: json",
+                  "    preprocess: []   # pcm16 arrives as int16 / 32768; a model trained on int16 values: "
+                  "normalize: {std: 0.000030517578125}"]
+    elif looks_like_image(spec):
         resize = ", resize: letterbox" if kind == "detect" else ""
         lines.append(f"    input: {{format: image, shape: {list(spec.sample_shape)}, dtype: uint8{resize}}}")
         lines += pixel_steps(spec)

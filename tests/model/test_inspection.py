@@ -102,6 +102,7 @@ REAL_MODELS = {"ssd_mobilenet_v2_coco_quant.tflite": True, "ssd_mobilenet_v2_coc
                "face_detection_short_range.tflite": True, "pose_detection.tflite": True,
                "pose_landmark_full.tflite": True, "openwakeword_melspectrogram.tflite": False,
                "openwakeword_embedding.tflite": False, "openwakeword_hey_jarvis.tflite": False}
+AUDIO = {"openwakeword_melspectrogram.tflite"}  # a dynamic run of samples: proposed as pcm16
 BUNDLED = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("models/*/*.tflite"))
 
 
@@ -157,7 +158,7 @@ def test_an_image_is_proposed_for_the_image_models_only(tmp_path, name):
     if servable:  # the snippet proposes that format, and check-config takes it
         labels = 90 if len(interface.outputs) > 1 else interface.outputs[0].sample_size
         route = load_config(_snippet_config(tmp_path, text, labels)).routes[0]
-        assert route.input.format == ("image" if image else "json")
+        assert route.input.format == ("image" if image else "pcm16" if name in AUDIO else "json")
         assert tuple(route.input.shape) == interface.inputs[0].sample_shape
 
 
@@ -185,6 +186,20 @@ def test_the_image_heuristic(shape, dtype, image, maybe):
 
     spec = tensor_spec(shape, dtype, scale=0.1 if dtype != np.float32 else 0.0)
     assert (looks_like_image(spec), may_be_image(spec)) == (image, maybe)
+
+
+@pytest.mark.parametrize("shape, signature, dtype, audio", [
+    ((1, 1280), (-1, -1), np.float32, True),  # openWakeWord's melspectrogram: any number of samples
+    ((1, 16000), (1, 16000), np.float32, True),  # one second at 16 kHz
+    ((1, 1460), (1, 1460), np.float32, False),  # a power trace: too short for audio
+    ((1, 16000), (1, 16000), np.int8, False),  # quantized: a feature vector, not samples
+    ((1, 16000, 1), (1, 16000, 1), np.float32, False),  # a second axis: a sensor window
+])
+def test_the_audio_heuristic(shape, signature, dtype, audio):
+    from daemon.model.inspection import looks_like_audio
+    from daemon.model.interface import TensorSpec
+
+    assert looks_like_audio(TensorSpec(0, "t", shape, signature, np.dtype(dtype), 0.0, 0)) is audio
 
 
 def test_a_feature_map_is_proposed_as_json_with_the_picture_named_and_its_raw_integers_normalize():
