@@ -109,3 +109,12 @@ def test_a_classify_response_is_valid_v2_and_keeps_the_asked_outputs_in_order():
     assert [(o["name"], o["datatype"], o["shape"]) for o in out["outputs"]] == [("scores", "FP32", [2, 2]),
                                                                                  ("label", "BYTES", [2])]
     assert out["outputs"][0]["data"] == [0.75, 0.25, 0.75, 0.25]
+
+
+def test_a_v2_int16_tensor_becomes_a_pcm16_routes_own_payload():
+    route = _route("pcm16", "int16")
+    samples = [-32768, -1, 0, 1, 32767, 7]
+    body = {"inputs": [{"name": "input", "shape": list(route.input.shape), "datatype": "INT16", "data": samples}]}
+    assert v2_codec.route_datatype(route) == "INT16"
+    (payload,) = v2_codec.parse_infer(orjson.dumps(body), route).payloads
+    assert payload == np.asarray(samples, "<i2").tobytes()  # what a microphone would have published
