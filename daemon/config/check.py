@@ -7,6 +7,7 @@ yields one message, never a cascade of follow-on errors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, Optional
 
@@ -14,6 +15,7 @@ from daemon.config.anchors import find_outputs
 from daemon.config.model_files import Labels, open_model, read_labels
 from daemon.config.reader import Reader
 from daemon.config.then import check_then
+from daemon.config.stages import check_stages, check_stages_models
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config, ModelConfig, RouteConfig
 from daemon.model.interface import Interface, detector_layout, guess_kind
 from daemon.errors import DaemonError, ModelError
@@ -46,6 +48,7 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
             r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
         check_escalate(r, config, m, p, route)
         check_then(r, config.routes, m, p, route)
+        check_stages(r, config.models if models_readable else {}, m, p, route)
     _check_homeassistant(r, config)
     _check_fleet(r, config)
     _check_http(r, config)
@@ -120,11 +123,14 @@ def _check_models(r: Reader, config: Config) -> None:
         model = loaded.get(route.model)
         if model is not None and r.ok(f"{p}.input.shape", f"{p}.preprocess"):
             _check_route_shape(r, m, p, route, model)
-        if model is not None and r.ok(f"{p}.output"):
-            _check_kind(r, m, p, route, model)
-            _check_route_labels(r, models_raw.get(route.model), route, config.models[route.model],
-                                labels.get(route.model), model)
+        answers = route if not route.stages else dataclasses.replace(route, model=route.stages[-1].model)
+        last = loaded.get(answers.model)  # a chain answers with its last stage's outputs and labels
+        if model is not None and last is not None and r.ok(f"{p}.output"):
+            _check_kind(r, m, p, answers, last)
+            _check_route_labels(r, models_raw.get(answers.model), answers, config.models[answers.model],
+                                labels.get(answers.model), last)
         check_escalate_model(r, m, p, route, loaded)
+        check_stages_models(r, m, p, route, loaded)
 
 
 def _read_labels(r: Reader, m: Any, p: str, mc: ModelConfig) -> Optional[Labels]:

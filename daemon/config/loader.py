@@ -27,6 +27,7 @@ from daemon.config.reader import Reader, field_names, load_yaml, optional_float,
 from daemon.config.reuse import read_reuse
 from daemon.config.stream import read_stream
 from daemon.config.then import read_then
+from daemon.config.stages import read_stages
 from daemon.config.anchors import ANCHOR_DECODE_KEYS, read_anchor_decode
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
@@ -136,7 +137,7 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
     p = f"routes[{i}]"
     m = r.section(routes, i, ("name", "subscribe", "model", "input", "preprocess", "output", "publish", "validate",
                               "min_interval_ms", "coalesce", "reuse",
-                              "escalate", "cache", "then"),
+                              "escalate", "cache", "then", "stages", "publish_stages"),
                   path=p, required=True)
     subscribe = r.get(m, "subscribe", p, str, "", required=True)
     if subscribe and (err := topics.filter_error(subscribe)):
@@ -173,6 +174,8 @@ def _read_route(r: Reader, routes: list, i: int, base: Path) -> Optional[RouteCo
         cache=r.get(m, "cache", p, (bool, type(None)), None),
         escalate=read_escalate(r, m, p, captures, base, spec.sample_rate),
         then=read_then(r, m, p),
+        stages=read_stages(r, m, p),
+        publish_stages=r.get(m, "publish_stages", p, bool, False),
     )
 
 

@@ -22,6 +22,7 @@ from daemon.config.mqtt import MqttConfig
 from daemon.config.reuse import ReuseConfig
 from daemon.config.stream import StreamConfig
 from daemon.config.then import ThenConfig
+from daemon.config.stages import StageConfig
 from daemon.errors import ConfigError
 
 _MIB = 1 << 20
@@ -171,9 +172,19 @@ class RouteConfig:
     then: Optional[ThenConfig] = None
     """detect: each box cropped from the sent image and classified by another route's model, its
     top-1 in the box's `sub_label` and `sub_score` (`routes[].then` below); off when absent."""
+    stages: tuple[StageConfig, ...] = field(default=(), metadata={"doc_default": "`[]`",
+                                                                  "doc_type": "list of stages"})
+    """Further models run in order after `model`, in process (`routes[].stages[]` below, docs/stages.md): each
+    takes the previous one's output as frames, whole or in windows; the last one's output is the answer,
+    decoded by `output.kind` (classify or values) with its model's labels."""
+    publish_stages: bool = False
+    """With `stages`: the reply's `stages` lists each earlier stage's output (a model's, frames and shape;
+    its values when at most 4,096, else `left_out`). Such a route skips the result cache."""
 
     @property
     def uses_cache(self) -> bool:
+        if self.publish_stages:  # a cache entry keeps the last stage's output only
+            return False
         return self.cache if self.cache is not None else self.input.format != "image"
 
 

@@ -20,17 +20,23 @@ from daemon.cache.cache_key import make_keys
 from daemon.config.schema import CLASSIFY
 from daemon.errors import BAD_PAYLOAD, EXPIRED, PayloadError
 from daemon.pipeline import codecs
+from daemon.pipeline import stages as stages_path
 from daemon.pipeline.route_pipeline import CacheBatch, Clock, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 
 
 def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner,
                  cache: Optional[ScoreCache], clock: Clock, reuse: Optional[ReuseState] = None,
-                 finish_s: float = 0.0) -> Outcome:
+                 finish_s: float = 0.0, stage_models: Sequence[Runner] = ()) -> Outcome:
     """Requests of one route -> one reply each. Errors other than PayloadError propagate.
     `finish_s`: how long the batch is expected to take; a request whose deadline would pass by
-    then is answered `expired`, not served late."""
+    then is answered `expired`, not served late. `stage_models`: a route with `stages` runs them
+    after `model`, in order (daemon/pipeline/stages.py)."""
     if not pipe.route.uses_cache:
         cache = None  # an image route: camera frames never repeat, so a key would cost and save nothing
+    chain = None
+    if pipe.chain is not None:  # the whole chain runs where the one model's invoke would
+        model = chain = stages_path.Chain(pipe.chain, pipe.route.model, model, stage_models, clock,
+                                          pipe.route.publish_stages)
     stages: dict[str, float] = {}
     started = clock()
     replies: list[Any] = [None] * len(requests)
@@ -43,18 +49,31 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
         rows = [requests[i] for i, _ in decoded]
         scores, cached, reused, fresh, x = _rows(pipe, x, rows, model, cache, reuse, clock, stages)
         now = clock()
-        classify = pipe.route.kind == CLASSIFY
+        classify = pipe.route.kind == CLASSIFY and chain is None  # a chain's row holds several windows
         orders = np.argsort(-scores, axis=1, kind="stable") if classify else None  # one sort per batch
         for row, (i, d) in enumerate(decoded):
             replies[i] = pipe.postprocess(scores[row], d.request_id, cached[row],
                                           (now - requests[i].received_at) * 1000.0,
                                           orders[row] if classify else None,
                                           None if reuse is None else reused[row], x[row], d.geometry)
+        if chain is not None:
+            _chain_fields(pipe, chain, decoded, replies, stages)
         stages["postprocess"] = clock() - now
     for i, request in enumerate(requests):
         if request.item is not None and replies[i] is not None:  # a stream's window: which samples it covers
             replies[i].update(request.item.fields)
-    return Outcome(replies, fresh, stages)
+    return Outcome(replies, fresh, stages, {} if chain is None else chain.counts)
+
+
+def _chain_fields(pipe: RoutePipeline, chain: stages_path.Chain, decoded: list, replies: list,
+                  stages: dict) -> None:
+    """A chain's per-stage timings into the batch's, and (`publish_stages`) each earlier stage's
+    output into its reply: every row ran the chain then, as such a route skips the cache."""
+    stages.update(chain.timings)
+    if not pipe.route.publish_stages or not chain.earlier or len(chain.earlier[0]) != len(decoded):
+        return
+    for row, (i, _) in enumerate(decoded):
+        replies[i]["stages"] = stages_path.published(pipe.chain, pipe.route.model, chain.earlier, row)
 
 
 def _rows(pipe: RoutePipeline, x: np.ndarray, rows: Sequence[Request], model: Runner, cache: Optional[ScoreCache],
@@ -217,7 +236,7 @@ def _scores(pipe: RoutePipeline, q: np.ndarray, model: Runner,
     n = q.shape[0]
     if cache is None:
         return model.infer_quantized(q), [False] * n, []
-    keys = make_keys(pipe.model_sha256, q)  # the model's digest: a swapped model never gets the old answers
+    keys = make_keys(pipe.key_sha256, q)  # the model's (or chain's) digest: a swapped model never gets the old answers
     hits = cache.get_many(keys, model.cost_per_sample_s)
     misses = [i for i, hit in enumerate(hits) if hit is None]
     if len(misses) == n:  # a stream that never repeats: no gather, no scatter

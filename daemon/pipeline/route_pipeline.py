@@ -16,7 +16,7 @@ from daemon.config.then import then_route
 from daemon.errors import ModelError
 from daemon.model import preprocess
 from daemon.model.interface import Interface
-from daemon.pipeline import codecs, postprocess
+from daemon.pipeline import codecs, postprocess, stages
 from daemon.pipeline.geometry import Geometry
 from daemon.pipeline.postprocess import ModelOutputs
 from daemon.pipeline.stream_window import StreamItem
@@ -91,6 +91,8 @@ class Outcome:
     replies: list[dict]
     fresh: list[CacheBatch] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    """Counters to add to the stats (a chain's inputs per stage: daemon/pipeline/stages.py)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class RoutePipeline:
     """`escalate.to_model`: the same route on the heavier model (daemon/serve/cascade.py)."""
     then_to: Optional["RoutePipeline"] = None
     """`then.route`: the classify route whose model labels each box (daemon/pipeline/sub_labels.py)."""
+    chain: Optional[stages.ChainPlan] = None
+    """`stages`: the models after the route's own, in order (daemon/pipeline/stages.py); `outputs`
+    and `labels` are then the last stage's."""
 
     @classmethod
     def build(cls, route: RouteConfig, model_sha256: str, labels: Sequence[str],
@@ -118,6 +123,12 @@ class RoutePipeline:
         as_is = (route.input.format == "image" and not route.preprocess
                  and interface.inputs[0].dtype == np.uint8)
         return cls(route, model_sha256, tuple(labels), ModelOutputs.of(interface), as_is)
+
+    @property
+    def key_sha256(self) -> str:
+        """The cache key's model part: the model's digest, or the whole chain's (any stage's model
+        or settings changed gives new keys)."""
+        return self.model_sha256 if self.chain is None else self.chain.sha256
 
     def label(self, index: int) -> str:
         return self.labels[index] if 0 <= index < len(self.labels) else str(index)
@@ -158,7 +169,10 @@ class RoutePipeline:
         classifier scores) -> a result. `x` and `geometry`: see postprocess.fields."""
         reply = {"id": request_id, "route": self.route.name, "model": self.route.model,
                  "model_sha256": self.model_sha256[:SHA_PREFIX]}
-        reply.update(postprocess.fields(self.route, self.label, self.outputs, scores, order, x, geometry))
+        if self.chain is not None:
+            reply.update(stages.reply_fields(self.route, self.label, self.outputs, scores, self.chain))
+        else:
+            reply.update(postprocess.fields(self.route, self.label, self.outputs, scores, order, x, geometry))
         reply["cached"] = cached
         reply["latency_ms"] = round(latency_ms, 3)
         if reused is not None:  # only on routes with `reuse` configured
@@ -173,13 +187,21 @@ class RoutePipeline:
         return self.error(codecs.scan_id(payload, self.route.input), code, message)
 
 
-def route_pipeline(config: Config, route: RouteConfig, model: Digested) -> RoutePipeline:
-    """The route's pipeline with its model's labels: the one place a labels file becomes a pipeline."""
-    mc = config.models[route.model]
+def route_pipeline(config: Config, route: RouteConfig, model: Digested,
+                   models: Optional[Mapping[str, Digested]] = None) -> RoutePipeline:
+    """The route's pipeline with its model's labels: the one place a labels file becomes a pipeline.
+    A route with `stages` answers with its last stage's model (its labels and outputs), found in `models`."""
+    last = model if not route.stages else (models or {})[route.stages[-1].model]
+    mc = config.models[route.stages[-1].model if route.stages else route.model]
     labels = read_labels(mc.labels)
     if labels is None and mc.labels is not None:
         raise ModelError(mc.labels, "labels file not found")
-    return RoutePipeline.build(route, model.sha256, labels.names if labels else (), model.interface)
+    pipe = RoutePipeline.build(route, model.sha256, labels.names if labels else (), model.interface)
+    if not route.stages:
+        return pipe
+    found = [(models[s.model].sha256, models[s.model].interface.outputs[0].sample_shape) for s in route.stages]
+    chain = stages.plan(route, model.sha256, model.interface.outputs[0].sample_shape, found)
+    return dataclasses.replace(pipe, outputs=ModelOutputs.of(last.interface), chain=chain)
 
 
 def route_pipelines(config: Config, models: Mapping[str, Digested]) -> list[RoutePipeline]:
@@ -187,7 +209,7 @@ def route_pipelines(config: Config, models: Mapping[str, Digested]) -> list[Rout
     `then` route's (daemon/pipeline/sub_labels.py)."""
     pipes = []
     for route in config.routes:
-        pipe = route_pipeline(config, route, models[route.model])
+        pipe = route_pipeline(config, route, models[route.model], models)
         if route.escalate is not None and route.escalate.to_model is not None:
             large_route = route.escalate.large_route(route)
             pipe = dataclasses.replace(pipe, escalate_to=route_pipeline(config, large_route, models[large_route.model]))

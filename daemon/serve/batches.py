@@ -18,6 +18,7 @@ from daemon.errors import INTERNAL, SUPERSEDED
 from daemon.obs.model_watch import ModelWatch
 from daemon.obs.stats import Stats
 from daemon.pipeline import request_path, sub_labels
+from daemon.pipeline.stages import runners_for
 from daemon.pipeline.route_pipeline import SHA_PREFIX, Outcome, Request, ReuseState, RoutePipeline, Runner, ScoreCache
 from daemon.serve.admission import Admission
 from daemon.serve.cascade import Cascade, RemoteCascade
@@ -84,15 +85,19 @@ class BatchProcessor:
         started = self._clock()
         requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic, j.item)
                     for j in group]
-        outcome = self._run_pipeline(model, pipe, group, requests)
+        outcome = self._run_pipeline(model, pipe, group, requests, runners_for(pipe.chain, models))
         if pipe.then_to is not None:
             self._sub_labels(pipe, requests, outcome, models[pipe.then_to.route.model])
         if pipe.route.escalate is not None:
             outcome = self._escalate(pipe, group, requests, outcome, models)
         for stage, seconds in outcome.stages.items():
             self._stats.observe_stage(stage, seconds)
+        for name, n in outcome.counts.items():
+            self._stats.incr(name, n)
         if self._watch is not None:  # the invokes' CPU time (a cache hit or a reused answer ran none)
             self._watch.invoked(pipe.model_sha256[:SHA_PREFIX], model.take_invokes())
+            for stage in pipe.chain.stages if pipe.chain is not None else ():
+                self._watch.invoked(stage.sha256[:SHA_PREFIX], models[stage.config.model].take_invokes())
         published = self._clock()
         tally = Tally()
         with self._replier.batch():
@@ -134,15 +139,17 @@ class BatchProcessor:
             self._remote.hand_off(self._cascade, pipe, group, outcome.replies, transport.publish)
         return outcome
 
-    def _run_pipeline(self, model: Runner, pipe: RoutePipeline, group: list[Job], requests: list[Request]) -> Outcome:
+    def _run_pipeline(self, model: Runner, pipe: RoutePipeline, group: list[Job], requests: list[Request],
+                      stage_models: list[Runner]) -> Outcome:
         try:
             return request_path.handle_batch(pipe, requests, model, self._cache, self._clock,
                                              self._reuse.get(pipe.route.name),
-                                             self._admission.batch_seconds(pipe.route.name, len(group)))
+                                             self._admission.batch_seconds(pipe.route.name, len(group)), stage_models)
         except Exception:  # a model or cache bug: isolate the request that causes it
             if len(group) == 1:
                 return Outcome([self._internal(group[0], sys.exc_info()[1])])
-            outcomes = [self._run_pipeline(model, pipe, [job], [request]) for job, request in zip(group, requests)]
+            outcomes = [self._run_pipeline(model, pipe, [job], [request], stage_models)
+                        for job, request in zip(group, requests)]
             return Outcome([o.replies[0] for o in outcomes], [e for o in outcomes for e in o.fresh])
 
     def _internal(self, job: Job, exc: Optional[BaseException]) -> dict:
