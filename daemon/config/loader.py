@@ -92,7 +92,7 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
     out = {}
     for name, m in models.items():
         p = f"models.{name}"
-        m = r.section(models, name, ("path", "labels", "sha256", "threads", "managed"), path=p, required=True)
+        m = r.section(models, name, ("path", "labels", "sha256", "threads", "managed", "max_batch"), path=p, required=True)
         model_path = r.get(m, "path", p, str, "", required=True)
         labels = r.get(m, "labels", p, (str, type(None)), None)
         digest = r.get(m, "sha256", p, (str, type(None)), None)
@@ -101,7 +101,8 @@ def _read_models(r: Reader, root: Mapping, base: Path) -> dict[str, ModelConfig]
         threads = r.get(m, "threads", p, int, DEFAULT_THREADS, minimum=1)
         managed = r.get(m, "managed", p, bool, False)
         out[str(name)] = ModelConfig(str(name), base / model_path, None if labels is None else base / labels,
-                                     digest, threads, managed)
+                                     digest, threads, managed,
+                                     max_batch=r.get(m, "max_batch", p, (int, type(None)), None, minimum=1))
     return out
 
 

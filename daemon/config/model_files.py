@@ -24,7 +24,7 @@ def open_model(config: Config, name: str, max_batch: Optional[int] = None,
     to build); `sha256` pins a digest already read (the workers' copies of a loaded model)."""
     mc = config.models[name]
     return Model(mc.path, backend=config.runtime, expected_sha256=sha256 or mc.sha256, xnnpack=config.xnnpack,
-                 max_batch=max_batch or config.batching.max_batch, num_threads=mc.threads,
+                 max_batch=max_batch or min(config.batching.max_batch, mc.max_batch or config.batching.max_batch), num_threads=mc.threads,
                  sample_shape=route_sample_shape(config, name))
 
 

@@ -76,6 +76,10 @@ class ModelConfig:
     """Delivered by the fleet (`fleet` below, docs/fleet.md): the store's current release of this
     model is served, its files and sha256 from the signed manifest; `path` and `labels` are what
     runs until the first release arrives."""
+    max_batch: Optional[int] = None
+    """Samples one invoke of this model takes at most (null: `batching.max_batch`). 1 for a model whose
+    answer for one sample depends on the others in its invoke: openWakeWord's melspectrogram clamps its
+    output to 80 dB below the loudest value of the whole invoke (docs/stages.md)."""
     release: Optional[int] = field(default=None, metadata=_HIDDEN)
     """The serial of the store's release being served (managed models only)."""
 
