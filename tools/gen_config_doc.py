@@ -37,6 +37,7 @@ from daemon.config import http as config_http  # noqa: E402
 from daemon.config import mqtt as config_mqtt  # noqa: E402
 from daemon.config import reuse as config_reuse  # noqa: E402
 from daemon.config import stream as config_stream  # noqa: E402
+from daemon.config import stages as config_stages  # noqa: E402
 from daemon.config import anchors as config_anchors  # noqa: E402
 from daemon.config import schema as config  # noqa: E402
 from daemon.config import then as config_then  # noqa: E402
@@ -141,8 +142,8 @@ As with `raw`, the reply's `"id"` is null.
 
 OUT = ROOT / "docs" / "config.md"
 SOURCES = tuple(ROOT / "daemon" / "config" / f"{name}.py" for name in ("schema", "mqtt", "escalate", "escalate_v2", "reuse", "stream",
-                                                                                    "anchors", "drift", "homeassistant", "http", "fleet",
-                                                                                    "then"))
+                                                                                    "stages", "anchors", "drift", "homeassistant", "http",
+                                                                                    "fleet", "then"))
 TYPE_WORDS = {"str": "string", "int": "integer", "float": "number", "bool": "true or false", "Path": "path",
               "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "tuple": "list", "None": "null"}
 
@@ -185,6 +186,13 @@ SECTIONS = (
             "model's float input units, changed by at most `max_change` since its last inferred request, and "
             "within `max_age_s` of it, gets that result again without inference: the reply says "
             "`\"reused\": true` (`false` otherwise; the key is absent on routes without `reuse`)."),
+    Section("routes[].stages[]", config_stages.StageConfig, None,
+            "Optional. Models run after the route's own, in order, in process (docs/stages.md): each reads the "
+            "previous output as frames (size-1 axes squeezed, the first left counting the frames), whole or in "
+            "windows; the last one's output is the answer."),
+    Section("routes[].stages[].window", config_stages.WindowConfig, None,
+            "Every window of `size` consecutive frames, every `hop` frames; each window's output is one frame of "
+            "the next stage."),
     Section("routes[].escalate", config_cascade.EscalateConfig, None,
             "Optional confidence cascade (docs/performance.md, Confidence cascade)."),
     Section("routes[].escalate.to_v2", config_v2.V2TierConfig, None,
