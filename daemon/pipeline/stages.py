@@ -27,7 +27,7 @@ from daemon.model import preprocess
 from daemon.pipeline import postprocess
 from daemon.pipeline.postprocess import VALUE_DECIMALS, VALUES_DEFAULT_MAX, ModelOutputs
 
-STAGE_TIMING = "stage{index}:{model}"  # the batch's timing of one stage (stats `stages_ms`)
+STAGE_TIMING = "stage{index}:{model}"  # the batch's timing of one stage (stats `latency_ms.stages`)
 WINDOWS_COUNTER = "stage_windows.{model}"  # inputs a stage's model ran on: its windows, or one per request
 
 

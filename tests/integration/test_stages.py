@@ -1,0 +1,41 @@
+"""openWakeWord's chain as one route's `stages` in the daemon over a real mosquitto: a burst of
+clips from three devices, batched; each reply's windows against the models invoked directly, the
+earlier stages published, and the per-stage timings (`latency_ms.stages`) and window counts in the stats."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.integration.conftest import burst, write_config
+from tests.model.test_stages_chain import SCORE_TOLERANCE, chain_config, direct_scores
+
+DEVICES = 3
+
+
+def _clip(seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(48_000) * 1500).astype(np.float32)
+
+
+def test_a_chain_route_answers_each_device_per_window_with_its_stages_published(tmp_path, client, start_daemon):
+    (tmp_path / "base").mkdir()
+    base = chain_config(tmp_path / "base", publish_stages=True)
+    workers = {"max": 1, "min": 1}  # one worker: what queues behind a clip is batched
+    daemon = start_daemon(write_config(tmp_path, base=base, workers=workers), wait_online=client)
+    client.subscribe("wake/+")
+    clips = {f"d{i}": _clip(i) for i in range(DEVICES)}
+    for device, clip in clips.items():
+        burst(client, f"audio/{device}/clip", [clip.astype("<f4").tobytes()])
+    got = {device: client.wait_json(f"wake/{device}")[0] for device in clips}
+    for device, clip in clips.items():
+        reply = got[device]
+        _, embeddings, scores = direct_scores(clip)
+        np.testing.assert_allclose([w["score"] for w in reply["windows"]], scores, atol=SCORE_TOLERANCE)
+        assert reply["label"] == "hey_jarvis" and reply["model"] == "mel" and not reply["cached"]
+        mel, embedded = reply["stages"]
+        assert mel["left_out"] == {"values": [297, 32]} and embedded["shape"] == [28, 96]
+        np.testing.assert_allclose(embedded["values"], embeddings, atol=1e-3, rtol=1e-4)
+    daemon.stop()
+    stats = daemon.final_stats()
+    assert stats["counts"]["stage_windows.embedding"] == 28 * DEVICES
+    assert stats["counts"]["stage_windows.jarvis"] == 13 * DEVICES
+    assert {"stage0:mel", "stage1:embedding", "stage2:jarvis"} <= set(stats["latency_ms"]["stages"])
