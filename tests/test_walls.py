@@ -29,7 +29,9 @@ ALLOWED = {
 }
 # The pure request path: no threads or processes of its own, and no MQTT or storage library,
 # not even through what it imports (the model's runtime may use threads: it is the model).
-PURE = ("daemon.pipeline.request_path", "daemon.pipeline.route_pipeline", "daemon.pipeline.codecs")
+PURE = ("daemon.pipeline.request_path", "daemon.pipeline.route_pipeline", "daemon.pipeline.codecs",
+        "daemon.pipeline.stream_window", "daemon.pipeline.stream_codec", "daemon.pipeline.stages",
+        "daemon.pipeline.crops", "daemon.pipeline.sub_labels", "daemon.pipeline.pcm16")
 NOT_IN_PURE = {"threading", "subprocess", "multiprocessing", "socket", "paho", "diskcache", "sqlite3"}
 NOT_BELOW_PURE = {"paho", "diskcache", "sqlite3"}
 

@@ -5,7 +5,7 @@ A message carries one or more whole samples (a sample is `input.shape[1:]`):
   whose values count a whole number of samples), `seq` (when `stream.seq` names it) the first
   sample's number;
 - raw: the bytes of whole samples in `input.dtype`, little-endian;
-- pcm16: little-endian int16 mono, one value a sample, scaled to [-1, 1) (value / 32768).
+- pcm16: little-endian int16 mono, one value a sample, scaled to [-1, 1) (daemon/pipeline/pcm16.py).
 Every failure is a PayloadError with the message's id when it could be read, as codecs.py's.
 """
 
@@ -18,9 +18,7 @@ import numpy as np
 
 from daemon.config.schema import InputConfig
 from daemon.errors import BAD_PAYLOAD, BAD_SHAPE, PayloadError
-from daemon.pipeline import codecs
-
-PCM16_SCALE = 32768.0
+from daemon.pipeline import codecs, pcm16
 
 
 class Samples(NamedTuple):
@@ -44,17 +42,14 @@ def decode_samples(payload: bytes, spec: InputConfig) -> Samples:
         return Samples(samples, seq, decoded.request_id, decoded.timeout_ms, key)
     codecs.check_size(payload, spec)
     if spec.format == "pcm16":
-        values = _frombuffer(payload, np.dtype("<i2")).astype(np.float32) / PCM16_SCALE
+        values = pcm16.samples(payload)
     else:
-        values = _frombuffer(payload, np.dtype(spec.dtype).newbyteorder("<")).astype(np.float32)
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        if len(payload) % dtype.itemsize:
+            raise PayloadError(BAD_SHAPE, f"a {len(payload)}-byte payload is not a whole number of {spec.dtype} "
+                               "values")
+        values = np.frombuffer(payload, dtype=dtype).astype(np.float32)
     return Samples(_whole(values, sample_shape, None), None, None, None, None)
-
-
-def _frombuffer(payload: bytes, dtype: np.dtype) -> np.ndarray:
-    if len(payload) % dtype.itemsize:
-        raise PayloadError(BAD_SHAPE, f"a {len(payload)}-byte payload is not a whole number of {dtype.itemsize}-byte "
-                           "values")
-    return np.frombuffer(payload, dtype=dtype)
 
 
 def _whole(values: np.ndarray, sample_shape: tuple, request_id: Any) -> np.ndarray:
