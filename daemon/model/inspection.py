@@ -25,6 +25,9 @@ _IMAGE_CHANNELS = (1, 3)
 # [128, 3, 1] (a 3-axis accelerometer), [128, 9, 1] (an IMU), [5, 128, 1] (a stack of 5 spectra).
 _IMAGE_MIN_SIDE = 16
 _TOP_OPS = 8
+# A time axis this long, of samples this small, is proposed as a stream (looks_like_series).
+_SERIES_MIN_STEPS = 16
+_SERIES_MAX_VALUES = 16
 _TOP_K = 3  # a classifier's proposed top_k, or its number of classes when it has fewer
 _BOX_COORDS = 4  # a box's values before its keypoints in a raw head's row
 # A float input of one axis at least this long (0.5 s at 16 kHz), or of a dynamic length, is
@@ -71,6 +74,29 @@ def looks_like_audio(spec: TensorSpec) -> bool:
     if len(spec.sample_shape) != 1 or spec.dtype.kind != "f":
         return False
     return spec.sample_shape[0] >= _AUDIO_MIN_SAMPLES or len(dynamic_dims(spec.signature)) > 0
+
+
+def looks_like_series(spec: TensorSpec) -> bool:
+    """Whether to propose a stream: a time axis of at least _SERIES_MIN_STEPS samples of at most
+    _SERIES_MAX_VALUES values each ([50, 6]: an IMU's window; [150]: one channel), not audio."""
+    sample = spec.sample_shape
+    if not sample or len(sample) > 2 or sample[0] < _SERIES_MIN_STEPS or looks_like_audio(spec):
+        return False
+    return len(sample) == 1 or sample[1] <= _SERIES_MAX_VALUES
+
+
+def stream_hint(spec: TensorSpec, fmt: str) -> list[str]:
+    """A commented `input.stream` for devices that publish a few samples a message (docs/streams.md):
+    a window every half window for a series, every quarter second (at most a window) for audio."""
+    if fmt == "pcm16":
+        hop = min(_AUDIO_RATE_GUESS // 4, spec.sample_shape[0])
+        unit = f"samples ({hop / _AUDIO_RATE_GUESS:g} s at the guessed rate)"
+    elif looks_like_series(spec):
+        hop, unit = max(1, spec.sample_shape[0] // 2), "samples (half a window)"
+    else:
+        return []
+    return [f"    # devices that publish a few samples a message: add `stream: {{hop: {hop}}}` to input, a "
+            f"window every {hop} {unit} from each device's stream (docs/streams.md)"]
 
 
 def may_be_image(spec: TensorSpec) -> bool:
@@ -121,7 +147,7 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
         lines += [f"    input: {{format: pcm16, shape: {list(spec.sample_shape)}, sample_rate: {_AUDIO_RATE_GUESS}}}"
                   "   # audio? the rate is a guess (the file does not say); else format: json",
                   "    preprocess: []   # pcm16 arrives as int16 / 32768; a model trained on int16 values: "
-                  "normalize: {std: 0.000030517578125}"]
+                  "normalize: {std: 0.000030517578125}", *stream_hint(spec, "pcm16")]
     elif looks_like_image(spec):
         resize = ", resize: letterbox" if kind == "detect" else ""
         lines.append(f"    input: {{format: image, shape: {list(spec.sample_shape)}, dtype: uint8{resize}}}")
@@ -131,7 +157,7 @@ def snippet(path: Path, interface: Interface, kind: str) -> str:
         if may_be_image(spec):
             json_input += (f"   # or pictures? if it was trained on them: format: image, shape "
                            f"{list(spec.sample_shape)}; a feature map sent as a picture answers wrong")
-        lines += [json_input, *quantized_steps(spec)]
+        lines += [json_input, *stream_hint(spec, "json"), *quantized_steps(spec)]
     top_k = min(_TOP_K, interface.outputs[0].sample_size)
     output = {"classify": f"{{kind: classify, top_k: {top_k}}}", "detect": "{kind: detect, min_score: 0.5, max_results: 10}",
               "anomaly": "{kind: anomaly, threshold: null}   # set it from `validate` (ROC-AUC, threshold at an FPR)",

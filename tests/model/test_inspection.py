@@ -228,3 +228,29 @@ def test_raw_anchor_heads_are_recognised_with_an_anchors_snippet_to_fill(tmp_pat
     assert "#   decode: anchors" in text and "#   num_boxes: 896" in text and "#   num_keypoints: 6" in text
     route = load_config(_snippet_config(tmp_path, text)).routes[0]
     assert route.kind == "values"  # pasted as it is: values, never boxes from guessed anchors
+
+
+@pytest.mark.parametrize("shape, dtype, hop", [
+    ((1, 50, 6), np.int8, 25),  # an IMU window: a stream of 6-value samples
+    ((1, 150), np.float32, 75),  # one channel's trace
+    ((1, 16000), np.float32, 4000),  # audio: every 0.25 s
+    ((1, 1280), np.float32, 640),  # a fixed 1280-value trace: too short for audio, a series
+    ((1, 49, 40, 1), np.int8, None),  # a feature map: no time axis of samples
+    ((1, 8, 6), np.float32, None),  # too short a window to stream
+    ((1, 50, 64), np.float32, None),  # samples too wide: features, not a sensor's readings
+])
+def test_a_long_time_axis_is_proposed_as_a_stream_and_the_stream_it_proposes_checks(tmp_path, shape, dtype, hop):
+    from daemon.model.inspection import snippet
+    from tests.fakes import tensor_spec
+
+    interface = Interface((tensor_spec(shape, dtype, scale=0.1 if dtype == np.int8 else 0.0),),
+                          (tensor_spec((1, 4), np.float32),), (), 5)
+    text = snippet(tmp_path / "m.tflite", interface, "values")
+    proposed = [line for line in text.splitlines() if "stream: {hop:" in line]
+    assert proposed == ([] if hop is None else [proposed[0]]) and (hop is None or f"stream: {{hop: {hop}}}" in text)
+    if hop is not None:  # taken at its word, the proposal is a config that checks
+        raw = yaml.safe_load(text)
+        raw["routes"][0]["input"]["stream"] = {"hop": hop}
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump({"mqtt": {"broker": "localhost:1883"}, **raw}))
+        assert load_config(path, check_models=False).routes[0].input.stream.hop == hop
