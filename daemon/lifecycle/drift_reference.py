@@ -12,18 +12,26 @@ import logging
 from typing import Mapping, Optional, Sequence
 
 from daemon.config.model_files import open_model
-from daemon.config.schema import Config
+from daemon.config.schema import ANOMALY, Config
 from daemon.model.residency import ModelInfo
 from daemon.obs.drift import FROM_VALIDATE, DriftMonitor, Reference, RouteSpec
-from daemon.pipeline import evaluate
+from daemon.pipeline import evaluate, stages
 from daemon.pipeline.route_pipeline import RoutePipeline
 
 logger = logging.getLogger(__name__)
 
 
 def specs(pipes: Sequence[RoutePipeline]) -> list[RouteSpec]:
-    """What each route's drift state is made from (a reload keeps the state while it is equal)."""
-    return [RouteSpec(p.route.name, p.route.kind, p.labels, (p.route, p.model_sha256, p.labels)) for p in pipes]
+    """What each route's drift state is made from (a reload keeps the state while it is equal);
+    a chain's earlier stages are watched each as an anomaly score (stages.py, STAGE_DRIFT), from
+    their first answers."""
+    out = []
+    for p in pipes:
+        out.append(RouteSpec(p.route.name, p.route.kind, p.labels, (p.route, p.model_sha256, p.labels)))
+        if p.chain is not None:
+            out += [RouteSpec(name, ANOMALY, (), (p.route, p.chain.sha256, name))
+                    for name in stages.drift_names(p.route.name, p.route.model, p.chain)]
+    return out
 
 
 def configure(monitor: DriftMonitor, config: Config, pipes: Sequence[RoutePipeline],

@@ -62,7 +62,10 @@ def handle_batch(pipe: RoutePipeline, requests: Sequence[Request], model: Runner
     for i, request in enumerate(requests):
         if request.item is not None and replies[i] is not None:  # a stream's window: which samples it covers
             replies[i].update(request.item.fields)
-    return Outcome(replies, fresh, stages, {} if chain is None else chain.counts)
+    if chain is None:
+        return Outcome(replies, fresh, stages)
+    return Outcome(replies, fresh, stages, chain.counts,
+                   stages_path.drift_answers(pipe.route.name, pipe.route.model, pipe.chain, chain.levels))
 
 
 def _chain_fields(pipe: RoutePipeline, chain: stages_path.Chain, decoded: list, replies: list,

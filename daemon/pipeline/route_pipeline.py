@@ -93,6 +93,8 @@ class Outcome:
     stages: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     """Counters to add to the stats (a chain's inputs per stage: daemon/pipeline/stages.py)."""
+    drift: list = field(default_factory=list)
+    """Answers for the drift monitor beyond the replies' own (a chain's earlier stages)."""
 
 
 @dataclass(frozen=True)

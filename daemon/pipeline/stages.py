@@ -28,6 +28,9 @@ from daemon.pipeline import postprocess
 from daemon.pipeline.postprocess import VALUE_DECIMALS, VALUES_DEFAULT_MAX, ModelOutputs
 
 STAGE_TIMING = "stage{index}:{model}"  # the batch's timing of one stage (stats `latency_ms.stages`)
+# An earlier stage's drift, watched as an anomaly route's score is (daemon/obs/drift.py): per request,
+# the mean of the stage's output frames, under this name in the stats' `drift`.
+STAGE_DRIFT = "{route}/stage{index}:{model}"
 WINDOWS_COUNTER = "stage_windows.{model}"  # inputs a stage's model ran on: its windows, or one per request
 
 
@@ -118,6 +121,8 @@ class Chain:
         self.timings: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.earlier: list[np.ndarray] = []
+        self.levels: list[tuple[int, np.ndarray]] = []
+        """Per earlier stage (its index), each request's mean output: what its drift watches."""
 
     def quantize(self, batch: np.ndarray, as_is: bool = False) -> np.ndarray:
         return self._first.quantize(batch, as_is)
@@ -130,6 +135,7 @@ class Chain:
         for k, (stage, runner) in enumerate(zip(self._chain.stages, self._runners), start=1):
             if self._publish:
                 self.earlier.append(frames)
+            self.levels.append((k - 1, frames.reshape(n, -1).mean(axis=1)))
             frames = run_stage(stage, runner, frames)
             name = WINDOWS_COUNTER.format(model=stage.config.model)
             self.counts[name] = self.counts.get(name, 0) + n * stage.inputs
@@ -178,6 +184,19 @@ def published(chain: ChainPlan, route_model: str, earlier: Sequence[np.ndarray],
             entry["left_out"] = {"values": list(one.shape)}
         out.append(entry)
     return out
+
+
+def drift_names(route: str, route_model: str, chain: ChainPlan) -> list[str]:
+    """The drift names of a chain's earlier stages (stage 0, the route's model, to the one before
+    the last: the last stage's output is the route's own answer, watched under the route's name)."""
+    names = (route_model, *(s.config.model for s in chain.stages[:-1]))
+    return [STAGE_DRIFT.format(route=route, index=k, model=name) for k, name in enumerate(names)]
+
+
+def drift_answers(route: str, route_model: str, chain: ChainPlan, levels: Sequence[tuple[int, np.ndarray]]) -> list:
+    """The drift monitor's answers (name, None, score) of a batch's earlier stages."""
+    names = drift_names(route, route_model, chain)
+    return [(names[k], None, float(v)) for k, values in levels for v in values]
 
 
 def runners_for(chain: Optional[ChainPlan], models: Any) -> list:

@@ -100,6 +100,8 @@ class BatchProcessor:
                 self._watch.invoked(stage.sha256[:SHA_PREFIX], models[stage.config.model].take_invokes())
         published = self._clock()
         tally = Tally()
+        if outcome.drift and self._replier.watches_drift:  # a chain's earlier stages (stages.py)
+            tally.answers.extend(outcome.drift)
         with self._replier.batch():
             for job, reply in zip(group, outcome.replies):
                 if reply is not None:  # None: escalated, answered later (cascade.py)

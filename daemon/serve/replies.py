@@ -64,6 +64,10 @@ class Replier:
         self._transport = transport
 
     @property
+    def watches_drift(self) -> bool:
+        return self._drift is not None
+
+    @property
     def transport(self) -> Optional[Transport]:
         return self._transport
 

@@ -39,3 +39,6 @@ def test_a_chain_route_answers_each_device_per_window_with_its_stages_published(
     assert stats["counts"]["stage_windows.embedding"] == 28 * DEVICES
     assert stats["counts"]["stage_windows.jarvis"] == 13 * DEVICES
     assert {"stage0:mel", "stage1:embedding", "stage2:jarvis"} <= set(stats["latency_ms"]["stages"])
+    drift = stats["drift"]  # the answer's own, and each earlier stage's (its mean output a request)
+    assert {"wake", "wake/stage0:mel", "wake/stage1:embedding"} <= set(drift), drift
+    assert drift["wake/stage1:embedding"]["kind"] == "anomaly", drift

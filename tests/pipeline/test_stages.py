@@ -141,3 +141,19 @@ def test_a_cached_chain_answer_is_the_same_answer_without_running_a_stage():
     again = handle_batch(pipe, [request], first, cache, FakeClock(), stage_models=[summed, last]).replies[0]
     assert again["cached"] and again["windows"] == fresh.replies[0]["windows"]
     assert len(summed.batches) == 1
+
+
+def test_each_earlier_stage_gives_the_drift_monitor_one_level_a_request_under_its_own_name():
+    """Stage 0's and stage 1's outputs (the last stage's is the route's own answer) are watched as
+    anomaly scores are: each request's mean output, named route/stage<k>:<model>."""
+    first, summed, last = _models()
+    requests = [_request(1), _request(2)]
+    outcome = handle_batch(_pipe(_route()), requests, first, None, FakeClock(), stage_models=[summed, last])
+    names = ["r/stage0:first", "r/stage1:sum"]
+    assert [a[0] for a in outcome.drift] == [names[0]] * 2 + [names[1]] * 2
+    for k, request in enumerate(requests):
+        frames = np.frombuffer(request.payload, "<f4").reshape(FRAMES, FEATURES)
+        sums = [(frames[s:s + 4] / 2.0).sum() for s in range(0, FRAMES - 4 + 1, 2)]
+        assert outcome.drift[k][1:] == (None, pytest.approx(float(frames.mean()), rel=1e-6))
+        assert outcome.drift[2 + k][2] == pytest.approx(float(np.mean(sums)), rel=1e-5)
+    assert stages.drift_names("r", "first", _pipe(_route()).chain) == names
