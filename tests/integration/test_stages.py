@@ -4,7 +4,12 @@ earlier stages published, and the per-stage timings (`latency_ms.stages`) and wi
 
 from __future__ import annotations
 
+import hashlib
+import signal
+from pathlib import Path
+
 import numpy as np
+import yaml
 
 from tests.integration.conftest import burst, write_config
 from tests.model.test_stages_chain import SCORE_TOLERANCE, chain_config, direct_scores
@@ -42,3 +47,40 @@ def test_a_chain_route_answers_each_device_per_window_with_its_stages_published(
     drift = stats["drift"]  # the answer's own, and each earlier stage's (its mean output a request)
     assert {"wake", "wake/stage0:mel", "wake/stage1:embedding"} <= set(drift), drift
     assert drift["wake/stage1:embedding"]["kind"] == "anomaly", drift
+
+
+def _rebuilt(model_bytes: bytes, description: bytes) -> bytes:
+    """The same graph and weights with another description: another sha256, the same answers."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(model_bytes, 0))
+    model.description = description
+    builder = flatbuffers.Builder(len(model_bytes) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def test_a_stage_model_is_swapped_on_reload_as_any_model_is(tmp_path, client, start_daemon):
+    """SIGHUP after a stage's model file changed: the chain serves on with the new release of that
+    stage (the stats name its digest), and answers as before (the same graph)."""
+    (tmp_path / "base").mkdir()
+    base = chain_config(tmp_path / "base")
+    raw = yaml.safe_load(base.read_text())
+    jarvis = tmp_path / "jarvis.tflite"
+    jarvis.write_bytes(Path(raw["models"]["jarvis"]["path"]).read_bytes())
+    raw["models"]["jarvis"]["path"] = str(jarvis)
+    base.write_text(yaml.safe_dump(raw, sort_keys=False))
+    daemon = start_daemon(write_config(tmp_path, base=base), wait_online=client)
+    client.subscribe("wake/d")
+    clip = _clip(7).astype("<f4").tobytes()
+    burst(client, "audio/d/clip", [clip])
+    before = client.wait_json("wake/d")[0]
+    jarvis.write_bytes(_rebuilt(jarvis.read_bytes(), b"hey_jarvis, rebuilt"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert daemon.wait_for_log("reload: applied (models swapped: jarvis)"), daemon.log()[-3000:]
+    burst(client, "audio/d/clip", [clip])
+    after = client.wait_json("wake/d", 2)[1]
+    assert [w["score"] for w in after["windows"]] == [w["score"] for w in before["windows"]]
+    daemon.stop()
+    assert daemon.final_stats()["models"]["jarvis"]["sha256"] == hashlib.sha256(jarvis.read_bytes()).hexdigest()[:12]
