@@ -138,3 +138,22 @@ def test_a_daemon_killed_mid_stream_answers_every_later_window_and_says_the_stre
     assert [(w["first_seq"], w["last_seq"]) for w in windows] == [(170, 269), (220, 319), (270, 369)]
     assert (windows[0]["gap"], windows[0]["gap_reason"]) == (True, "new")
     assert not windows[1]["gap"] and not windows[2]["gap"]
+
+
+def test_a_sample_that_overtakes_another_restarts_the_window_and_the_late_one_is_dropped(
+        tmp_path, client, start_daemon):
+    """Two messages swapped on their way (two publishers, a reconnect): a window never holds
+    samples out of order. 161 before 160: the window starts again at 161 (one sample missed), and
+    160, late, is dropped."""
+    daemon = start_daemon(stream_config(tmp_path), wait_online=client)
+    client.subscribe("results/o/activity-stream")
+    messages = sample_messages(signal_of(9, windows=3))
+    messages[160], messages[161] = messages[161], messages[160]
+    burst(client, STREAM_TOPIC.format("o"), messages)
+    windows = client.wait_json("results/o/activity-stream", 3)
+    assert [(w["first_seq"], w["last_seq"], w["gap"]) for w in windows] == [(0, 99, True), (50, 149, False),
+                                                                             (161, 260, True)]
+    assert (windows[2]["gap_reason"], windows[2]["missed"]) == ("seq", 1)
+    daemon.stop()
+    counts = daemon.final_stats()["counts"]
+    assert (counts["stream_duplicates"], counts["stream_gaps"]) == (1, 1), counts
