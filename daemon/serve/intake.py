@@ -152,7 +152,9 @@ class Intake:
         route = pipe.route
         if self._devices is not None and inbound.response_topic is None:  # a v5 request's reply goes elsewhere
             self._devices.seen(route, inbound.topic, reply_topic, now)
-        if route.input.stream is not None:  # samples for a window: expired or not, they are the stream's
+        # Samples for a window, expired or not, are the stream's. Over HTTP a caller waits for an answer
+        # to each payload: there it is a whole window, served as a request is.
+        if route.input.stream is not None and not inbound.from_http:
             self._streams.take(pipe, inbound, reply_topic, now, tally, jobs)
             return
         deadline = inbound.deadline

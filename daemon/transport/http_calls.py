@@ -107,7 +107,7 @@ class Switchboard:
         self._calls = calls
 
     def reply(self, topic: str, payload: bytes, inbound: Inbound) -> None:
-        if inbound.mid < 0:
+        if inbound.from_http:
             self._calls.deliver(inbound, payload)
         else:
             self._link.reply(topic, payload, inbound)

@@ -22,6 +22,12 @@ class Inbound(NamedTuple):
     expiry_s: Optional[float] = None  # v5 MessageExpiryInterval left when delivered; an HTTP request's timeout
 
     @property
+    def from_http(self) -> bool:
+        """An HTTP request made into a message (daemon/transport/http_calls.py numbers them below 0):
+        its caller waits for one reply to each payload."""
+        return self.mid < 0
+
+    @property
     def deadline(self) -> Optional[float]:
         """When the v5 message expiry runs out (same clock as `received_at`), or None."""
         return self.received_at + self.expiry_s if self.expiry_s else None

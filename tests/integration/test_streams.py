@@ -157,3 +157,25 @@ def test_a_sample_that_overtakes_another_restarts_the_window_and_the_late_one_is
     daemon.stop()
     counts = daemon.final_stats()["counts"]
     assert (counts["stream_duplicates"], counts["stream_gaps"]) == (1, 1), counts
+
+
+def test_over_http_a_stream_route_takes_a_whole_window_as_one_request(tmp_path, client, start_daemon):
+    """An HTTP caller waits for an answer to each body: on a stream route a body is a whole window,
+    answered as the MQTT route answers it (no stream kept)."""
+    from tests.integration.test_http import _call, _wait_http
+    from daemon.tools.broker import free_port
+
+    port = free_port()
+    config = stream_config(tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["http"] = {"port": port}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    daemon = start_daemon(config, wait_online=client)
+    _wait_http(port, daemon)
+    rows = signal_of(4, windows=1)
+    body = json.dumps({"id": "w", "data": rows.tolist()}).encode()
+    status, _, payload = _call(port, "POST", "/routes/activity-stream", body, {"Content-Type": "application/json"})
+    assert status == 200, payload
+    reply = json.loads(payload)
+    whole = whole_answers(client, "h", rows, [{"first_seq": 0, "last_seq": WINDOW - 1}])[0]
+    assert reply["id"] == "w" and "stream" not in reply and same_answer(reply, whole)
