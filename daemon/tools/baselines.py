@@ -4,6 +4,7 @@
     python -m daemon.tools.baselines naive  --broker HOST:PORT [--config config.yaml] [--route activity]   # any route
     python -m daemon.tools.baselines naive-detect --broker HOST:PORT --config C --route R
     python -m daemon.tools.baselines naive-stream --broker HOST:PORT --config C --route R   # a stream route
+    python -m daemon.tools.baselines naive-audio --broker HOST:PORT --config C --route R    # pcm16 stream + stages
     python -m daemon.tools.baselines rawpub --broker HOST:PORT --topic T --file F --size BYTES [--warmup N]
 
 - `echo`: the transport floor. Bare paho 2.x as people write it (paho's defaults: MQTT 3.1.1,
@@ -24,6 +25,13 @@
 - `naive-stream`: the buffering script people put in front of a model for a device's samples: a
   dict of deques in `on_message` (JSON messages of one sample, the device named by the field
   `input.stream.key`), the window inferred inline every `hop` samples (benchmarks/bench_streams.py).
+- `naive-audio`: the microphone script people write in front of a wake-word chain, for a pcm16
+  stream route with `stages` (the device named by the topic level of the filter's `+`): a
+  per-device array of samples in `on_message`, and every `hop` samples, once a window is there,
+  the route's model and each stage's model invoked inline on that one window with the runtime's
+  own Interpreter (the stage's windows in one invoke, as openWakeWord's loop does), the route's
+  and stages' preprocess steps as the daemon's code applies them; the best last-stage score is
+  published with the stream and the window's number (benchmarks/bench_stream_audio.py).
 - `rawpub`: publishes fixed-size binary payloads from a file at QoS 1 with a large
   in-flight window (`mosquitto_pub -l` is line-based and cannot carry binary payloads).
 
@@ -39,6 +47,7 @@ daemon, so the bench waits for them the same way.
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 from collections import defaultdict, deque
 import json
@@ -63,7 +72,7 @@ from daemon.config.model_files import read_labels
 from daemon.errors import DaemonError
 from daemon.transport.link_common import STATUS_OFFLINE, STATUS_ONLINE
 from daemon.transport.mqtt import disable_nagle, stop_loop
-from daemon.model.runtime import Model
+from daemon.model.runtime import BACKENDS, Model, _resolver_options, resolve_backend
 
 QOS = 1
 ECHO_REPLY_BYTES = 16
@@ -75,6 +84,8 @@ _PUBLISH_TIMEOUT_S = 120.0
 # --protocol: paho's default (what people's scripts run), or v5 with TCP_NODELAY (the daemon's).
 PROTOCOLS = {"3.1.1": paho.MQTTv311, "5": paho.MQTTv5}
 DEFAULT_PROTOCOL = "3.1.1"
+# naive-audio: int16 -> [-1, 1), the convention the daemon's pcm16 decode and the route's steps assume.
+PCM16_FULL_SCALE = np.float32(32768.0)
 
 
 def _route(config_path: Path | str, route_name: str):
@@ -163,6 +174,75 @@ def make_stream_answer(config_path: Path | str, route_name: str) -> tuple[RouteC
     return route, answer
 
 
+class _AudioChain:
+    """The route's model and its stages on one window, each model a plain Interpreter of one
+    thread (the daemon's `threads: 1`), resized when a stage's batch of windows changes size."""
+
+    def __init__(self, config, route: RouteConfig):
+        backend_name = resolve_backend(config.runtime)
+        backend = importlib.import_module(BACKENDS[backend_name])
+        models = [route.model] + [stage.model for stage in route.stages]
+        options = _resolver_options(backend_name, config.xnnpack)  # XNNPACK on or off, as the daemon
+        self._interps = [backend.Interpreter(model_path=str(config.models[m].path), num_threads=1, **options)
+                         for m in models]
+        self._shapes: list = [None] * len(models)
+        self.route = route
+
+    def _invoke(self, i: int, x: np.ndarray) -> np.ndarray:
+        interp = self._interps[i]
+        tensor = interp.get_input_details()[0]["index"]
+        if self._shapes[i] != x.shape:
+            interp.resize_tensor_input(tensor, list(x.shape))
+            interp.allocate_tensors()
+            self._shapes[i] = x.shape
+        interp.set_tensor(tensor, x)
+        interp.invoke()
+        return interp.get_tensor(interp.get_output_details()[0]["index"])
+
+    def scores(self, window: np.ndarray) -> np.ndarray:
+        """One window of samples -> the last stage's scores, one per its windows (docs/stages.md's frames)."""
+        x = preprocess.apply_steps(self.route.preprocess, window[None])
+        frames = np.squeeze(self._invoke(0, x)[0])
+        for i, stage in enumerate(self.route.stages, start=1):
+            size, hop = stage.window.size, stage.window.hop
+            starts = range(0, len(frames) - size + 1, hop)
+            batch = preprocess.apply_steps(stage.preprocess, np.stack([frames[s:s + size] for s in starts]))
+            frames = self._invoke(i, batch).reshape(len(starts), -1)
+        return frames.reshape(-1)
+
+
+def make_audio_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes, str], list]]:
+    """The route and the naive microphone script's per-message body, for a pcm16 stream route with
+    windowed `stages`: each device's samples appended to its array, and every `hop` samples, once a
+    window is there, the chain run on that window and its best score published. No gaps or bounds:
+    as people write it."""
+    config, route = _route(config_path, route_name)
+    if route.input.format != "pcm16" or route.input.stream is None or not route.stages:
+        raise DaemonError(f"route {route_name!r}: naive-audio takes a pcm16 stream route with stages")
+    window, hop = route.input.stream.window, route.input.stream.hop
+    chain = _AudioChain(config, route)
+    level = route.subscribe.split("/").index("+")
+    held: dict = defaultdict(lambda: np.zeros(0, np.float32))
+    counts: dict = defaultdict(int)  # samples heard per device: where its next window ends
+
+    def answer(payload: bytes, topic: str) -> list:
+        device = topic.split("/")[level]
+        samples = np.frombuffer(payload, "<i2").astype(np.float32) / PCM16_FULL_SCALE
+        buffer = np.concatenate([held[device], samples])
+        heard, total = counts[device], counts[device] + len(samples)
+        replies = []
+        for end in range(heard + 1, total + 1):  # each sample count reached: does a window end there?
+            if end >= window and (end - window) % hop == 0:
+                start = len(buffer) - (total - end) - window
+                best = float(chain.scores(buffer[start:start + window]).max())
+                replies.append(json.dumps({"stream": device, "window": (end - window) // hop, "score": best}))
+        counts[device] = total
+        held[device] = buffer[-(window - 1):]  # what a later window can still need
+        return replies
+
+    return route, answer
+
+
 def make_detect_answer(config_path: Path | str, route_name: str) -> tuple[RouteConfig, Callable[[bytes], str]]:
     """The route and the naive camera script's per-message body: image bytes in, detections JSON out."""
     try:
@@ -211,7 +291,15 @@ def echo_reply(payload: bytes) -> bytes:
     return body.ljust(ECHO_REPLY_BYTES)
 
 
-def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[bytes], bytes | str | None],
+def _one(reply: Callable[[bytes], bytes | str | None]) -> Callable[[bytes, str], list]:
+    """A per-payload body as `_serve` takes it: (payload, topic) -> the replies (none for None)."""
+    def replies(payload: bytes, topic: str) -> list:
+        body = reply(payload)
+        return [] if body is None else [body]  # naive-stream: a sample that completes no window gets no reply
+    return replies
+
+
+def _serve(broker: str, client_id: str, route: RouteConfig, replies: Callable[[bytes, str], list],
            protocol: str = DEFAULT_PROTOCOL) -> None:
     """Reply to every request of `route` inside `on_message`, until SIGTERM."""
     status = f"edge-inferd/{client_id}/status"
@@ -220,8 +308,7 @@ def _serve(broker: str, client_id: str, route: RouteConfig, reply: Callable[[byt
     def on_message(client, userdata, msg):
         captures = topics.match(route.subscribe, msg.topic)
         properties = _correlated(msg) if v5 else None
-        body = reply(msg.payload)
-        if body is not None:  # naive-stream: a sample that completes no window gets no reply
+        for body in replies(msg.payload, msg.topic):
             client.publish(topics.render(route.publish, msg.topic, captures), body, qos=QOS, properties=properties)
 
     def on_connect(client, userdata, flags, reason_code, properties):
@@ -277,7 +364,7 @@ def _rawpub(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m daemon.baselines", description=__doc__.split("\n")[0])
-    parser.add_argument("kind", choices=("echo", "naive", "naive-detect", "naive-stream", "rawpub"))
+    parser.add_argument("kind", choices=("echo", "naive", "naive-detect", "naive-stream", "naive-audio", "rawpub"))
     parser.add_argument("--broker", required=True, help="HOST:PORT")
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--route", default="activity")
@@ -295,14 +382,17 @@ def main(argv: list[str] | None = None) -> None:
     client_id = args.client_id or args.kind
     if args.kind == "echo":
         _, route = _route(args.config, args.route)
-        _serve(args.broker, client_id, route, echo_reply, args.protocol)
+        _serve(args.broker, client_id, route, _one(echo_reply), args.protocol)
+    elif args.kind == "naive-audio":
+        route, answer = make_audio_answer(args.config, args.route)
+        _serve(args.broker, client_id, route, answer, args.protocol)
     elif args.kind in ("naive-detect", "naive-stream"):
         make = make_detect_answer if args.kind == "naive-detect" else make_stream_answer
         route, answer = make(args.config, args.route)
-        _serve(args.broker, client_id, route, answer, args.protocol)
+        _serve(args.broker, client_id, route, _one(answer), args.protocol)
     else:
         route, answer = make_answer(args.config, args.route)
-        _serve(args.broker, client_id, route, answer, args.protocol)
+        _serve(args.broker, client_id, route, _one(answer), args.protocol)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The naive scripts (`python -m daemon.tools.baselines naive` and `naive-detect`) do what the daemon does."""
+"""The naive scripts (`python -m daemon.tools.baselines naive`, `naive-detect` and `naive-audio`) do what the daemon does."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from daemon.pipeline.evaluate import find_route
 from daemon.model.runtime import Model
 from daemon.pipeline.request_path import handle
 from daemon.pipeline.route_pipeline import route_pipeline
-from daemon.tools.baselines import make_answer, make_detect_answer
+from daemon.tools.baselines import make_answer, make_audio_answer, make_detect_answer
 from tests.integration.conftest import ROOT
+from tests.model.test_stages_chain import SCORE_TOLERANCE, chain_config, direct_scores
 from tests.real_models import real_model
 
 
@@ -71,3 +72,28 @@ def test_the_naive_script_answers_any_bundled_route_as_the_daemon_does(route_nam
         else:
             assert naive["values"] == pytest.approx([v for vs in daemon["values"].values() for v in vs], abs=1e-6)
 
+
+
+def test_naive_audio_answers_each_streamed_window_as_the_chain_does_on_it_whole(tmp_path):
+    """80 ms pcm16 chunks of two microphones, interleaved: every 0.25 s once 2 s are there, one reply
+    per window, numbered per microphone, scoring as the three models do on that window directly."""
+    rate, chunk, window, hop = 16_000, 1280, 32_000, 4_000
+    raw = yaml.safe_load(chain_config(tmp_path).read_text())
+    raw["routes"][0].update(subscribe="mic/+/pcm", input={"format": "pcm16", "sample_rate": rate, "shape": [window],
+                                                          "stream": {"hop": hop}},
+                            preprocess=[{"normalize": {"std": 1 / 32768}}])
+    path = tmp_path / "stream.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    _, answer = make_audio_answer(path, "wake")
+    signals = {d: np.round(np.random.default_rng(seed).standard_normal(37 * chunk) * 2000).astype(np.int16)
+               for seed, d in enumerate(("a", "b"))}
+    replies = {d: [] for d in signals}
+    for i in range(0, 37 * chunk, chunk):
+        for d, signal in signals.items():
+            replies[d] += [json.loads(r) for r in answer(signal[i:i + chunk].astype("<i2").tobytes(), f"mic/{d}/pcm")]
+    for d, signal in signals.items():
+        assert [r["window"] for r in replies[d]] == [0, 1, 2, 3]  # (37 x 1280 - 32000) // 4000 + 1
+        for r in replies[d]:
+            start = r["window"] * hop
+            direct = direct_scores(signal[start:start + window].astype(np.float32))[2].max()
+            assert r["stream"] == d and abs(r["score"] - direct) < SCORE_TOLERANCE
