@@ -143,7 +143,8 @@ class WindowCollector(Collector):
 
     def _arrived(self, at: float, obj) -> None:
         if isinstance(obj, dict) and "stream" in obj and "score" in obj:
-            order = obj["window"] if "window" in obj and "last_at" not in obj else obj["last_at"]
+            # The daemon's windows carry their last sample's time (pcm16 has no seq); naive-audio's, their number.
+            order = obj.get("last_at", obj.get("window"))
             self.windows.setdefault(obj["stream"], []).append((order, obj["score"]))
         else:
             super()._arrived(at, obj)
