@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.real_models import real_model
 
@@ -88,3 +91,13 @@ def test_bench_http_runs_the_three_targets_and_gets_results_only(tmp_path):
         assert row["sent"] == 50 and row["results"] == 50 and row["hits"] == 0 and row["lost"] == 0, row
         assert row["errors"] == {} and row["cpu_us"] >= 0  # a 0.5 s window may hold no clock tick
     assert round_one["mqtt"]["broker_cpu_us"] >= 0 and round_one["ratios"]["http/echo p50_ms"] > 0
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng (scripts/setup.sh installs it)")
+def test_bench_stream_audio_answers_every_window_alike_in_both_consumers(tmp_path):
+    _run("benchmarks/bench_stream_audio.py", "--devices", "2", "--seconds", "3", "--rounds", "1",
+         "--out", str(tmp_path / "audio.json"))
+    (round_one,) = json.loads((tmp_path / "audio.json").read_text())["rounds"]
+    for kind in ("daemon", "naive"):
+        assert round_one[kind]["windows"] == round_one[kind]["expected"] == 8, round_one[kind]  # 4 a microphone
+    assert round_one["daemon_vs_naive"]["within_tolerance"] and round_one["daemon_vs_naive"]["windows_compared"] == 8
