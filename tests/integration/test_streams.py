@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ def signal_of(device: int, windows: int = 4) -> np.ndarray:
     return np.round(np.concatenate([x[(device * 3 + i) % len(x)] for i in range(windows)]), 3)
 
 
-def stream_config(tmp_path, **stream) -> "Path":
+def stream_config(tmp_path, **stream) -> Path:
     """config.yaml with a stream route beside its activity route: the same model and steps."""
     path = write_config(tmp_path)
     raw = yaml.safe_load(path.read_text())
