@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.tools.bench.load import (Collector, ConsumerProcess, end_session, host_port,  # noqa: E402
+from daemon.tools.bench.load import (Collector, ConsumerProcess, end_session,  # noqa: E402
                                      require_clients)
 from daemon.tools.broker import Broker  # noqa: E402
 from daemon.transport.mqtt import stop_loop  # noqa: E402
@@ -173,9 +172,6 @@ def run_one(kind: str, address: str, config: Path, by_device: dict[str, list[byt
     """One consumer alone: its figures, and its scores per microphone in window order."""
     cmd, client_id = consumer_command(kind, address, config)
     status = f"edge-inferd/{client_id}/status"
-    # The baselines leave their retained `online` when stopped: clear it, or the next run of the
-    # same consumer would look ready before it has subscribed.
-    subprocess.run(["mosquitto_pub", *host_port(address), "-t", status, "-r", "-n", "-q", "1"], check=True)
     collector = WindowCollector(address, REPLIES)
     consumer = ConsumerProcess(cmd, address, status, tmp / f"{kind}.log", env={"PYTHONPATH": str(ROOT)})
     pub = Publisher(address)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.tools.bench.load import (Collector, ConsumerProcess, LinePublisher, end_session, host_port,  # noqa: E402
+from daemon.tools.bench.load import (Collector, ConsumerProcess, LinePublisher, end_session,  # noqa: E402
                                      require_clients)
 from daemon.tools.broker import Broker  # noqa: E402
 
@@ -126,9 +125,6 @@ def run_one(kind: str, address: str, config: Path, lines: list[bytes], rate: flo
                                                     and (i % 1_000_000 - WINDOW + 1) % HOP == 0}
     cmd, client_id = consumer_command(kind, address, config)
     status = f"edge-inferd/{client_id}/status"
-    # The baselines leave their retained `online` when stopped: clear it, or the next run of the
-    # same consumer would look ready before it has subscribed.
-    subprocess.run(["mosquitto_pub", *host_port(address), "-t", status, "-r", "-n", "-q", "1"], check=True)
     collector = AnswerCollector(address, REPLIES)
     consumer = ConsumerProcess(cmd, address, status, tmp / f"{kind}.log",
                                env={"PYTHONPATH": str(ROOT)})

@@ -323,7 +323,14 @@ def _serve(broker: str, client_id: str, route: RouteConfig, replies: Callable[[b
     client.on_message = on_message
     client.on_connect = on_connect
     client.connect(host, int(port))
-    signal.signal(signal.SIGTERM, lambda *_: client.disconnect())
+
+    def stop(*_) -> None:
+        # Offline first, as the daemon says it: a retained `online` left behind would make this
+        # consumer's next run look ready before it has subscribed (its first requests then lost).
+        client.publish(status, STATUS_OFFLINE, qos=QOS, retain=True)
+        client.disconnect()
+
+    signal.signal(signal.SIGTERM, stop)
     client.loop_forever()
 
 
