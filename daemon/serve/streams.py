@@ -16,16 +16,28 @@ from typing import Optional
 from daemon.config.schema import RouteConfig
 from daemon.obs.stats import Stats
 from daemon.pipeline.stream_codec import Samples
-from daemon.pipeline.stream_window import Pushed, StreamWindow
+from daemon.pipeline.stream_window import NEW, Pushed, StreamWindow
 
 SAMPLES, WINDOWS, DUPLICATES, EVICTED, GAPS = ("stream_samples", "stream_windows", "stream_duplicates",
                                                "stream_evicted", "stream_gaps")
 
 
 class _RouteStreams:
+    """One route's streams, and what its messages are read with (worked out once, not per message)."""
+
     def __init__(self, route: RouteConfig):
         self.route = route
         self.windows: OrderedDict[str, StreamWindow] = OrderedDict()
+        self.level = key_level(route)
+        stream = route.input.stream
+        self.max_gap_s = None if stream.max_gap_ms is None else stream.max_gap_ms / 1000.0
+
+    def key(self, topic: str) -> str:
+        """The stream a topic names: its `level`, or the whole topic."""
+        if self.level is None:
+            return topic
+        levels = topic.split("/")
+        return levels[self.level] if self.level < len(levels) else topic
 
 
 class Streams:
@@ -37,30 +49,36 @@ class Streams:
 
     def push(self, route: RouteConfig, topic: str, samples: Samples, now: float) -> tuple[str, Pushed]:
         """The message's samples into its stream: its key, and the windows they completed."""
-        key = samples.field_key if samples.field_key is not None else topic_key(route, topic)
-        window = self._window(route, key)
+        held = self._held(route)
+        key = samples.field_key if samples.field_key is not None else held.key(topic)
+        window = self._window(held, key)
         pushed = window.push(samples.samples, samples.seq, now)
         self._stats.incr(SAMPLES, len(samples.samples))
         if pushed.duplicates:
             self._stats.incr(DUPLICATES, pushed.duplicates)
         if pushed.windows:
             self._stats.incr(WINDOWS, len(pushed.windows))
-            gaps = sum(w.gap is not None and w.gap != "new" for w in pushed.windows)
+            gaps = sum(w.gap not in (None, NEW) for w in pushed.windows)
             if gaps:
                 self._stats.incr(GAPS, gaps)
         return key, pushed
 
-    def _window(self, route: RouteConfig, key: str) -> StreamWindow:
+    def _held(self, route: RouteConfig) -> _RouteStreams:
         held = self._routes.get(route.name)
+        if held is not None and held.route.input is route.input:  # per message: identity, not equality
+            return held
         if held is None or held.route.input != route.input:  # new, or its stream changed on a reload
             held = self._routes[route.name] = _RouteStreams(route)
+        held.route, held.level = route, key_level(route)  # a reload that kept its input: the streams go on
+        return held
+
+    def _window(self, held: _RouteStreams, key: str) -> StreamWindow:
         window = held.windows.get(key)
         if window is not None:
             held.windows.move_to_end(key)
             return window
-        stream = route.input.stream
-        max_gap_s = None if stream.max_gap_ms is None else stream.max_gap_ms / 1000.0
-        window = held.windows[key] = StreamWindow(stream.window, stream.hop, route.input.shape[1:], max_gap_s,
+        route, stream = held.route, held.route.input.stream
+        window = held.windows[key] = StreamWindow(stream.window, stream.hop, route.input.shape[1:], held.max_gap_s,
                                                   stream.seq is not None)
         if len(held.windows) > stream.max_streams:
             held.windows.popitem(last=False)
@@ -77,12 +95,11 @@ class Streams:
         return out
 
 
-def topic_key(route: RouteConfig, topic: str) -> str:
-    """The stream a topic names: `stream.key`'s level, else the level of the filter's first `+`,
-    else the whole topic."""
-    level: Optional[int] = route.input.stream.key if isinstance(route.input.stream.key, int) else None
-    if level is None:
-        filter_levels = route.subscribe.split("/")
-        level = filter_levels.index("+") if "+" in filter_levels else None
-    levels = topic.split("/")
-    return levels[level] if level is not None and level < len(levels) else topic
+def key_level(route: RouteConfig) -> Optional[int]:
+    """The topic level that names a stream: `stream.key`'s, else the level of the filter's first
+    `+`; None (the whole topic) without either."""
+    key = route.input.stream.key
+    if isinstance(key, int):
+        return key
+    levels = route.subscribe.split("/")
+    return levels.index("+") if "+" in levels else None
