@@ -31,7 +31,8 @@ from daemon.config.stages import read_stages
 from daemon.config.anchors import ANCHOR_DECODE_KEYS, read_anchor_decode
 from daemon.config.schema import (ANOMALY, CLASSIFY, COALESCE_CHOICES, DECODE_MODES, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS,
                                   DEFAULT_MAX_RESULTS, DEFAULT_MIN_SCORE, DEFAULT_THREADS, DEFAULT_TOP_K, DETECT,
-                                  INPUT_DTYPES, INPUT_FORMATS, MAX_SAMPLE_RATE, MIN_QUEUE_MB, MIN_SAMPLE_RATE, PCM16, PCM16_DTYPE, MIN_STATS_INTERVAL_S, OUTPUT_KINDS,
+                                  INPUT_DTYPES, INPUT_FORMATS, MAX_SAMPLE_RATE, MIN_QUEUE_MB, MIN_SAMPLE_RATE,
+                                  MIN_STATS_INTERVAL_S, OUTPUT_KINDS, PCM16, PCM16_DTYPE,
                                   RESIZE_MODES, STRETCH, BatchingConfig, CacheConfig, Config, InputConfig,
                                   MetricsConfig, ModelConfig, RouteConfig, VALUES, WorkersConfig)
 from daemon.errors import ConfigError

@@ -61,11 +61,8 @@ def decode_image(payload: bytes, height: int, width: int, channels: int, resize:
     more than `max_pixels` pixels (from the header, before decoding)."""
     mode = _check_target(height, width, channels, resize)
     with _open(payload, request_id) as img:
-        sent_w, sent_h = img.size
-        if sent_w * sent_h > max_pixels:
-            raise PayloadError(TOO_LARGE, f"image is {sent_w}x{sent_h} = {sent_w * sent_h} pixels; "
-                               f"the limit is {max_pixels}", request_id)
-        geometry = _geometry(sent_w, sent_h, width, height, resize)
+        _check_pixels(img, max_pixels, request_id)
+        geometry = _geometry(img.width, img.height, width, height, resize)
         content = _content_size(geometry)
         box = _draft(img, mode, content) if draft and img.format == "JPEG" else None
         picture = _pixels(img, mode, request_id)
@@ -78,9 +75,16 @@ def decode_full(payload: bytes, channels: int, max_pixels: int = DEFAULT_MAX_PIX
     Raises PayloadError as `decode_image` does."""
     mode = _check_target(1, 1, channels, STRETCH)
     with _open(payload, None) as img:
-        if img.width * img.height > max_pixels:
-            raise PayloadError(TOO_LARGE, f"image is {img.width}x{img.height} pixels; the limit is {max_pixels}")
+        _check_pixels(img, max_pixels, None)
         return _pixels(img, mode, None)
+
+
+def _check_pixels(img, max_pixels: int, request_id: Any) -> None:
+    """too_large for more pixels than `max_pixels`, from the header, before anything is decoded."""
+    sent_w, sent_h = img.size
+    if sent_w * sent_h > max_pixels:
+        raise PayloadError(TOO_LARGE, f"image is {sent_w}x{sent_h} = {sent_w * sent_h} pixels; "
+                           f"the limit is {max_pixels}", request_id)
 
 
 def fit(picture, height: int, width: int, channels: int, resize: str = STRETCH) -> np.ndarray:
