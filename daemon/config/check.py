@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from daemon.config.anchors import find_outputs
 from daemon.config.model_files import Labels, open_model, read_labels
-from daemon.config.reader import Reader
+from daemon.config.reader import Reader, unknown_model
 from daemon.config.then import check_then
 from daemon.config.stages import check_stages, check_stages_models
 from daemon.config.schema import ANOMALY, CLASSIFY, DETECT, VALUES, Config, ModelConfig, RouteConfig
@@ -44,8 +44,7 @@ def cross_check(r: Reader, config: Config, check_models: bool) -> None:
             seen_filters.setdefault(route.subscribe, i)
         models_readable = bool(config.models) or r.ok("models")
         if route.model and r.ok(f"{p}.model") and models_readable and route.model not in config.models:
-            known = ", ".join(sorted(config.models)) or "none"
-            r.error(m, "model", p, f"unknown model {route.model!r} (known: {known})")
+            r.error(m, "model", p, unknown_model(route.model, config.models))
         check_escalate(r, config, m, p, route)
         check_then(r, config.routes, m, p, route)
         check_stages(r, config.models if models_readable else {}, m, p, route)
@@ -263,8 +262,7 @@ def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig
     if esc.to_topic is not None and not config.mqtt.is_v5 and r.ok(f"{p}.escalate.to_topic"):
         r.error(e, "to_topic", f"{p}.escalate", "needs MQTT v5 (mqtt.protocol: 5): request/response properties")
     if esc.to_model is not None and r.ok(f"{p}.escalate.to_model") and esc.to_model not in config.models:
-        known = ", ".join(sorted(config.models)) or "none"
-        r.error(e, "to_model", f"{p}.escalate", f"unknown model {esc.to_model!r} (known: {known})")
+        r.error(e, "to_model", f"{p}.escalate", unknown_model(esc.to_model, config.models))
     if esc.to_v2 is not None and esc.preprocess is not None and r.ok(f"{p}.input.shape", f"{p}.escalate.preprocess"):
         try:  # the rows sent are whatever the steps make: they must at least apply to the input
             preprocess.output_shape(esc.preprocess, route.input.shape)

@@ -299,6 +299,11 @@ def read_steps(r: Reader, m: Any, p: str, sample_rate: Optional[int] = None) -> 
     return tuple(out)
 
 
+def unknown_model(name: str, models: Iterable[str]) -> str:
+    """The error of a key that names a model `models` lacks (a route's, a stage's, a cascade tier's)."""
+    return f"unknown model {name!r} (known: {', '.join(sorted(models)) or 'none'})"
+
+
 def optional_float(value: Any) -> Optional[float]:
     """A number read from YAML as a float, None as None."""
     return None if value is None else float(value)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
-from daemon.config.reader import Reader, read_steps
+from daemon.config.reader import Reader, read_steps, unknown_model
 from daemon.model import preprocess
 from daemon.model.interface import TensorSpec
 
@@ -113,8 +113,7 @@ def check_stages(r: Reader, models: Mapping[str, Any], m: Any, p: str, route: An
     for j, stage in enumerate(route.stages):
         q = f"{p}.stages[{j}]"
         if stage.model and r.ok(f"{q}.model") and models and stage.model not in models:
-            known = ", ".join(sorted(models)) or "none"
-            r.error(raw[j] if isinstance(raw, list) else {}, "model", q, f"unknown model {stage.model!r} (known: {known})")
+            r.error(raw[j] if isinstance(raw, list) else {}, "model", q, unknown_model(stage.model, models))
     if route.kind not in STAGE_KINDS and r.ok(f"{p}.output"):
         r.error(m, "stages", p, f"a chain answers output.kind classify or values, not {route.kind}")
     for key, why in (("reuse", "it compares one model's input"), ("escalate", "it reruns one model"),
