@@ -26,13 +26,9 @@ command -v mosquitto_pub >/dev/null || apt_install mosquitto-clients
 # on-site release server with Range and ETag (the tests start their own instance on a free port;
 # the package's own service would hold port 80, so it is stopped). Optional: without them those
 # tests skip.
-# The wake-word chain's speech test (tests/model/test_stages_chain.py): espeak-ng says "hey jarvis", sox
-# resamples it to 16 kHz. Optional: without them that test skips.
-command -v espeak-ng >/dev/null || apt_install espeak-ng || echo "setup: espeak-ng is not installable here; its test will be skipped" >&2
-command -v sox >/dev/null || apt_install sox || echo "setup: sox is not installable here; its test will be skipped" >&2
 command -v minisign >/dev/null || apt_install minisign || echo "setup: minisign is not installable here; its tests will be skipped" >&2
-# The audio tests' speech (tests/speech.py): espeak-ng speaks a phrase, the tests publish it as pcm16.
-# Optional: without it those tests skip.
+# The audio tests' speech (tests/speech.py): espeak-ng speaks a phrase, resampled to 16 kHz in numpy,
+# for the pcm16 routes and the wake-word chain. Optional: without it those tests skip.
 command -v espeak-ng >/dev/null || apt_install espeak-ng || echo "setup: espeak-ng is not installable here; the audio tests will be skipped" >&2
 if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
     if apt_install nginx-light; then

@@ -1,13 +1,11 @@
 """openWakeWord's three models as one route's `stages`, against the same chain computed here with
 a plain interpreter: melspectrogram on a whole clip, then the embedding model on every window of
 76 mel frames (every 8: 80 ms), scaled as openWakeWord scales them (x / 10 + 2), then hey_jarvis
-on every 16 consecutive embeddings. With espeak-ng and sox, on speech as well (skipped without)."""
+on every 16 consecutive embeddings. With espeak-ng, on speech as well (skipped without)."""
 
 from __future__ import annotations
 
 import importlib
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from daemon.model.runtime import BACKENDS, resolve_backend
 from daemon.pipeline.request_path import handle_batch
 from daemon.pipeline.route_pipeline import Request, route_pipelines
 from tests.real_models import real_model
+from tests.speech import speech
 
 RATE = 16_000
 CLIP = 3 * RATE  # 297 mel frames -> 28 embeddings -> 13 scores
@@ -115,24 +114,18 @@ def test_a_window_longer_than_the_previous_stages_frames_is_refused(tmp_path):
                for e in err.value.errors)
 
 
-def spoken(text: str, workdir: Path) -> np.ndarray:
-    """`text` said by espeak-ng, resampled by sox to 16 kHz mono, in int16 units (openWakeWord's),
+def spoken(text: str) -> np.ndarray:
+    """`text` said by espeak-ng at 16 kHz (tests/speech.py), in int16 units (openWakeWord's),
     centred in a clip of CLIP samples."""
-    wav, raw = workdir / "said.wav", workdir / "said.raw"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
-    subprocess.run(["sox", str(wav), "-r", str(RATE), "-c", "1", "-b", "16", "-e", "signed-integer", "-t", "raw",
-                    str(raw)], check=True)
-    speech = np.fromfile(raw, dtype="<i2").astype(np.float32)[:CLIP]
+    voice = speech(text).astype(np.float32)[:CLIP]
     clip = np.random.default_rng(0).standard_normal(CLIP).astype(np.float32)  # a microphone's floor, not 0s
-    start = (CLIP - len(speech)) // 2
-    clip[start:start + len(speech)] = speech
+    start = (CLIP - len(voice)) // 2
+    clip[start:start + len(voice)] = voice
     return clip
 
 
-@pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")), reason="needs espeak-ng and sox "
-                    "(scripts/setup.sh installs them)")
 def test_speech_through_the_chain_answers_as_the_models_do_directly(tmp_path):
-    clips = [spoken("hey jarvis", tmp_path), spoken("good morning", tmp_path)]
+    clips = [spoken("hey jarvis"), spoken("good morning")]
     for clip, reply in zip(clips, daemon_replies(chain_config(tmp_path), clips)):
         np.testing.assert_allclose([w["score"] for w in reply["windows"]], direct_scores(clip)[2],
                                    atol=SCORE_TOLERANCE)
