@@ -259,6 +259,10 @@ def check_escalate(r: Reader, config: Config, m: Any, p: str, route: RouteConfig
         return
     if esc.margin_below is not None and route.top_k < 2 and r.ok(f"{p}.output"):
         r.error(e, "when", f"{p}.escalate", "margin_below needs output.top_k of at least 2")
+    far = "to_topic" if esc.to_topic is not None else "to_v2" if esc.to_v2 is not None else None
+    if far and route.input.stream is not None and r.ok(f"{p}.input"):
+        r.error(e, far, f"{p}.escalate", "a far tier takes whole requests, and a stream route's window is made "
+                "here from many messages: use to_model on a stream route")
     if esc.to_topic is not None and not config.mqtt.is_v5 and r.ok(f"{p}.escalate.to_topic"):
         r.error(e, "to_topic", f"{p}.escalate", "needs MQTT v5 (mqtt.protocol: 5): request/response properties")
     if esc.to_model is not None and r.ok(f"{p}.escalate.to_model") and esc.to_model not in config.models:

@@ -140,10 +140,11 @@ class StreamWindow:
 
 
 class StreamItem(NamedTuple):
-    """A full window on its way to inference as a request: its samples, the reply fields that say
-    which stream and samples it covers (made on the serving side: daemon/serve/streams.py), and
-    the id and timeout of the message that completed it."""
+    """A full window on its way to inference as a request: its stream, its samples, the reply fields
+    that say which stream and samples it covers (made on the serving side: daemon/serve/streams.py),
+    and the id and timeout of the message that completed it."""
 
+    stream: str
     data: np.ndarray
     fields: dict
     request_id: object = None

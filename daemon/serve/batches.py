@@ -83,8 +83,10 @@ class BatchProcessor:
 
     def _process_group(self, model: Runner, pipe: RoutePipeline, group: list[Job], models: WorkerModels) -> None:
         started = self._clock()
-        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline, j.inbound.topic, j.item)
-                    for j in group]
+        # The device whose input `reuse` compares: the request topic, or a window's stream (several
+        # streams may share a topic when a JSON field names them).
+        requests = [Request(j.inbound.payload, j.inbound.received_at, j.inbound.deadline,
+                            j.inbound.topic if j.item is None else j.item.stream, j.item) for j in group]
         outcome = self._run_pipeline(model, pipe, group, requests, runners_for(pipe.chain, models))
         if pipe.then_to is not None:
             self._sub_labels(pipe, requests, outcome, models[pipe.then_to.route.model])

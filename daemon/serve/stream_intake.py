@@ -48,7 +48,7 @@ class StreamIntake:
         last = len(pushed.windows) - 1
         for i, window in enumerate(pushed.windows):
             owner = inbound if i == last else inbound._replace(qos=0)  # one ack: with the last window's reply
-            item = StreamItem(window.data, self.fields(key, window), samples.request_id, samples.timeout_ms)
+            item = StreamItem(key, window.data, self.fields(key, window), samples.request_id, samples.timeout_ms)
             verdict = self._admission.admit(route.name, window.data.nbytes, inbound.deadline, inbound.qos > 0)
             if isinstance(verdict, Refusal):
                 reply = {**pipe.error(samples.request_id, verdict.code, verdict.message), **item.fields}
